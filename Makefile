@@ -1,0 +1,44 @@
+# Two commands for a newcomer: `make demo` and `make test`. Each creates the
+# virtual environment if it is missing, installs the project into it, builds the
+# local model directories (no download), then runs.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+MODELS := .models/chatml/generation_config.json .models/deepseek/generation_config.json
+
+.PHONY: demo test lint format bench models dynamo clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+$(MODELS): $(STAMP) shadow_proxy/modeldirs.py
+	$(PY) -m shadow_proxy.modeldirs .models
+
+models: $(MODELS)
+
+demo: $(MODELS)
+	$(VENV)/bin/shadow-proxy demo $(DEMO_ARGS)
+
+test: $(MODELS)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check shadow_proxy tests bench
+	$(VENV)/bin/ruff format --check shadow_proxy tests bench
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format shadow_proxy tests bench
+	$(VENV)/bin/ruff check --fix shadow_proxy tests bench
+
+bench: $(MODELS)
+	$(PY) -m bench.proxy_bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .models .dynamo

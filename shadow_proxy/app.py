@@ -1,0 +1,157 @@
+"""The application: wiring of the handler, the client session, the tap worker
+and the proxy's own endpoints.
+
+``make_app(config, registry=...)`` returns an ``aiohttp.web.Application``;
+resources with a lifetime (the client session, the hand-off socket, the tap
+worker process) are created and closed in cleanup contexts.
+
+The proxy's own endpoints take precedence over forwarding: ``/healthz``,
+``/readyz``, ``/metrics`` and ``/shadow/taps`` (GET). Everything else, any
+method and any path, goes to the frontend.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from shadow_proxy.config import Config
+from shadow_proxy.metrics import ProxyMetrics
+from shadow_proxy.proxy import ProxyHandler
+
+log = logging.getLogger(__name__)
+
+CONFIG = web.AppKey("config", Config)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+METRICS = web.AppKey("metrics", ProxyMetrics)
+HANDLER = web.AppKey("handler", ProxyHandler)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
+TAPS = web.AppKey("taps", object)
+READY = web.AppKey("ready", dict)
+
+#: How long ``/readyz`` trusts its last answer.
+READY_CACHE_S = 1.0
+
+
+def client_session(config: Config) -> aiohttp.ClientSession:
+    """The one session to the frontend.
+
+    Bodies stay as they came (``auto_decompress=False``); no default headers
+    are added (the client's pass through); no total timeout (generations run
+    for minutes): a socket connect timeout and an optional read timeout.
+    The pool holds at most ``max_connections`` connections.
+    """
+    upstream = config.upstream
+    connector = aiohttp.TCPConnector(
+        limit=upstream.max_connections,
+        limit_per_host=0,
+        enable_cleanup_closed=False,
+        ttl_dns_cache=60,
+    )
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        connect=None,
+        sock_connect=upstream.connect_timeout_s,
+        sock_read=upstream.read_timeout_s,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        read_bufsize=2**16,
+    )
+
+
+def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> web.Application:
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = ProxyMetrics.create(registry)
+    app = web.Application(client_max_size=config.upstream.max_request_bytes)
+    app[CONFIG] = config
+    app[REGISTRY] = registry
+    app[METRICS] = metrics
+    app.cleanup_ctx.append(_session_ctx)
+    if config.taps:
+        from shadow_proxy.supervisor import taps_ctx
+
+        app.cleanup_ctx.append(taps_ctx)
+    app.on_shutdown.append(_on_shutdown)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_get("/shadow/taps", taps_endpoint)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+async def _session_ctx(app: web.Application):
+    config = app[CONFIG]
+    session = client_session(config)
+    app[SESSION] = session
+    app[HANDLER] = ProxyHandler(
+        session=session,
+        upstream_url=config.upstream.url,
+        request_id_header=config.request_id_header,
+        max_request_bytes=config.upstream.max_request_bytes,
+        metrics=app[METRICS],
+        handoff=None,
+    )
+    app[READY] = {"at": -READY_CACHE_S}
+    yield
+    await session.close()
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """Runs when the server stops accepting: in-flight streams that are still
+    cancelled after the grace period end with ``EndKind.SHUTDOWN``."""
+    handler = app.get(HANDLER)
+    if handler is not None:
+        handler.shutting_down = True
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    return await request.app[HANDLER](request)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """The process is up and serving."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """The frontend answers (any HTTP status below 500 on ``GET /v1/models``)."""
+    app = request.app
+    now = time.monotonic()
+    if now - app[READY]["at"] < READY_CACHE_S:
+        return web.json_response({"status": "ready"})
+    config = app[CONFIG]
+    try:
+        async with app[SESSION].get(
+            config.upstream.url + "/v1/models",
+            timeout=aiohttp.ClientTimeout(total=config.upstream.connect_timeout_s),
+        ) as response:
+            await response.read()
+            ok = response.status < 500
+    except (TimeoutError, aiohttp.ClientError):
+        ok = False
+    if ok:
+        app[READY]["at"] = now
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "frontend not answering"}, status=503)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def taps_endpoint(request: web.Request) -> web.Response:
+    """Each tap's name, topic, endpoint, capture mode, filters and counters."""
+    taps = request.app.get(TAPS)
+    listing = taps.listing() if taps is not None else []
+    return web.json_response({"taps": listing})

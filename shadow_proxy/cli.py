@@ -1,0 +1,111 @@
+"""Command-line entry points: ``shadow-proxy serve|mock-frontend|demo|bench`` and
+``shadow-consumer``.
+
+An invalid configuration exits with status 2 and one line that names the file,
+the line, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from shadow_proxy.config import Config, ConfigError
+
+log = logging.getLogger("shadow_proxy")
+
+EXIT_CONFIG = 2
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # Libraries that would otherwise log per request or warn on import.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def load_config(path: str | None) -> Config:
+    path = path or os.environ.get("SHADOW_PROXY_CONFIG")
+    if not path:
+        msg = "no configuration: pass --config FILE or set SHADOW_PROXY_CONFIG"
+        raise ConfigError(msg)
+    return Config.from_yaml(path)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the proxy until SIGTERM or SIGINT; in-flight streams get the grace period."""
+    import uvloop
+    from aiohttp import web
+
+    from shadow_proxy.app import make_app
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(f"shadow-proxy: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    app = make_app(config)
+    log.info(
+        "serving on %s:%d, forwarding to %s, %d tap(s)",
+        config.listen.host,
+        config.listen.port,
+        config.upstream.url,
+        len(config.taps),
+    )
+    web.run_app(
+        app,
+        host=config.listen.host,
+        port=config.listen.port,
+        shutdown_timeout=config.shutdown_grace_s,
+        handler_cancellation=True,
+        access_log=None,
+        print=None,
+        loop=uvloop.new_event_loop(),
+    )
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shadow-proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default=os.environ.get("SHADOW_PROXY_LOG_LEVEL", "info"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the proxy")
+    p.add_argument("--config", help="YAML file (default: $SHADOW_PROXY_CONFIG)")
+    p.set_defaults(func=serve)
+
+    p = sub.add_parser("mock-frontend", help="run the built-in OpenAI-compatible frontend")
+    p.set_defaults(func=None, passthrough="mock-frontend")
+
+    p = sub.add_parser("consumer", help="subscribe to a tap and keep totals")
+    p.set_defaults(func=None, passthrough="consumer")
+
+    args, rest = parser.parse_known_args(argv)
+    _setup_logging(args.log_level)
+    passthrough = getattr(args, "passthrough", None)
+    if passthrough == "mock-frontend":
+        from shadow_proxy.mock_frontend import run_mock_frontend
+
+        return run_mock_frontend(rest)
+    if passthrough == "consumer":
+        return consumer_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args.func(args)
+
+
+def consumer_main(argv: list[str] | None = None) -> int:
+    from shadow_proxy.consumer import consumer_main as run
+
+    return run(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""The hand-off from the serving loop to the tap worker: bounded, never blocking.
+
+One ZeroMQ PUSH socket, bound on an ``ipc://`` path; the worker connects a PULL
+socket. Every send is ``NOBLOCK``: when the worker lags and the high-water
+mark is reached, ``zmq.Again`` is a dropped message, counted with a reason,
+and the serving loop goes on. Frames are built with ``struct`` and sent
+without copying the body (see docs/INTERNALS.md for the message table).
+
+The serving loop's cost per message is a few microseconds: no JSON, no
+tokenizer, no MessagePack; the worker does all of that in its own process.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import zmq
+
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.metrics import ProxyMetrics
+
+KIND_REQUEST = b"q"
+KIND_HEAD = b"h"
+KIND_CHUNK = b"c"
+KIND_END = b"e"
+
+KEY = struct.Struct(">Q")
+REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
+HEAD_META = struct.Struct(">HQ")  # status, offset_ns
+OFFSET = struct.Struct(">Q")
+END_META = struct.Struct(">BQ")  # end kind, offset_ns
+
+#: Linger at close: what is still queued after this is lost (the worker is
+#: stopping too).
+LINGER_MS = 500
+
+
+class Handoff:
+    """The serving process's end of the channel to the tap worker."""
+
+    def __init__(self, context: zmq.Context, endpoint: str, capacity: int, metrics: ProxyMetrics):
+        self.endpoint = endpoint
+        self._socket = context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, capacity)
+        self._socket.setsockopt(zmq.LINGER, LINGER_MS)
+        self._socket.bind(endpoint)
+        self._metrics = metrics
+        self._dropped = metrics.handoff_dropped
+        self._next_key = 0
+        #: Requests whose ``q`` message was lost: the worker adds these to each
+        #: tap's dropped count (reason ``handoff_full``) and seq.
+        self._lost_requests = 0
+        self.worker_alive = True
+        #: Whether taps need the whole response (joined records) or only its
+        #: tail (where ``usage`` is, for the prompt-token fidelity check).
+        self.full_response = True
+
+    def close(self) -> None:
+        self._socket.close(linger=LINGER_MS)
+
+    def _send(self, frames: list[bytes], reason_if_lost: str = "full") -> bool:
+        if not self.worker_alive:
+            self._dropped.labels("worker_dead").inc()
+            return False
+        try:
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._dropped.labels(reason_if_lost).inc()
+            return False
+        except zmq.ZMQError:
+            self._dropped.labels("closed").inc()
+            return False
+        return True
+
+    def open(self, route: Route, request_id: str, body: bytes, arrival_unix_ns: int,
+             arrival_mono_ns: int) -> Capture | None:  # fmt: skip
+        """Hand a request to the worker; returns the capture for its response,
+        or None when the request could not be handed over (counted)."""
+        key = KEY.pack(self._next_key)
+        self._next_key += 1
+        meta = REQUEST_META.pack(route, arrival_unix_ns, arrival_mono_ns, self._lost_requests)
+        if self._send([KIND_REQUEST, key, meta, request_id.encode(), body]):
+            return Capture(self, key, arrival_mono_ns, self.full_response)
+        self._lost_requests += 1
+        return None
+
+
+class Capture:
+    """One request's response, handed to the worker as it streams by.
+
+    Guarantees: ``end`` is called exactly once by the proxy and sends the end
+    message (or counts its loss). After a chunk is lost, the rest of the
+    exchange is not sent and the end says ``CAPTURE_LOST``, so the worker never
+    builds a record from a partial copy.
+
+    Without joined taps (``full`` false) no chunk is sent: the capture keeps a
+    reference to the last ``TAIL_CHUNKS`` chunks and sends them with the end,
+    which is where a response carries ``usage``.
+    """
+
+    TAIL_CHUNKS = 2
+    __slots__ = ("_arrival", "_full", "_handoff", "_key", "_lost", "_tail")
+
+    def __init__(self, handoff: Handoff, key: bytes, arrival_mono_ns: int, full: bool):
+        self._handoff = handoff
+        self._key = key
+        self._arrival = arrival_mono_ns
+        self._full = full
+        self._lost = False
+        self._tail: list[bytes] = []
+
+    def head(self, status: int, content_type: str, content_encoding: str) -> None:
+        if self._lost:
+            return
+        meta = HEAD_META.pack(status, time.monotonic_ns() - self._arrival)
+        frames = [KIND_HEAD, self._key, meta, content_type.encode(), content_encoding.encode()]
+        self._lost = not self._handoff._send(frames)
+
+    def chunk(self, data: bytes) -> None:
+        if not self._full:
+            tail = self._tail
+            tail.append(data)
+            if len(tail) > self.TAIL_CHUNKS:
+                del tail[0]
+            return
+        if self._lost:
+            return
+        offset = OFFSET.pack(time.monotonic_ns() - self._arrival)
+        self._lost = not self._handoff._send([KIND_CHUNK, self._key, offset, data])
+
+    def end(self, kind: EndKind, detail: str = "") -> None:
+        if self._lost:
+            kind = EndKind.CAPTURE_LOST
+        meta = END_META.pack(kind, time.monotonic_ns() - self._arrival)
+        self._handoff._send([KIND_END, self._key, meta, detail.encode(), *self._tail])

@@ -1,0 +1,82 @@
+"""Header handling for a reverse proxy: hop-by-hop filtering and request ids.
+
+RFC 9110 section 7.6.1: a proxy removes the connection-specific fields
+(``Connection`` and every field it names, ``Proxy-Connection``, ``Keep-Alive``,
+``TE``, ``Transfer-Encoding``, ``Upgrade``) before forwarding a message in
+either direction. Everything else passes unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    }
+)
+
+#: Request fields the proxy sets itself when forwarding.
+_REQUEST_OWN = frozenset({"host", "content-length"})
+
+
+def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
+    tokens: set[str] = set()
+    for value in headers.getall("Connection", ()):
+        tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+def _end_to_end(
+    headers: CIMultiDictProxy[str] | CIMultiDict[str], also_drop: Iterable[str] = ()
+) -> CIMultiDict[str]:
+    drop = HOP_BY_HOP | _connection_tokens(headers) | set(also_drop)
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def upstream_request_headers(
+    headers: CIMultiDictProxy[str],
+    *,
+    request_id_header: str,
+    request_id: str,
+    peer: str | None,
+    scheme: str,
+) -> CIMultiDict[str]:
+    """The client's headers as the frontend should get them.
+
+    Hop-by-hop fields and ``Host``/``Content-Length`` (set for the upstream
+    connection) go; the request id is set; ``X-Forwarded-For`` gains the peer.
+    """
+    out = _end_to_end(headers, _REQUEST_OWN)
+    out[request_id_header] = request_id
+    if peer:
+        prior = out.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+    out.setdefault("X-Forwarded-Proto", scheme)
+    if "Host" in headers:
+        out.setdefault("X-Forwarded-Host", headers["Host"])
+    return out
+
+
+def client_response_headers(
+    headers: CIMultiDictProxy[str], *, request_id_header: str, request_id: str
+) -> CIMultiDict[str]:
+    """The frontend's response headers as the client should get them."""
+    out = _end_to_end(headers)
+    out.setdefault(request_id_header, request_id)
+    return out
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,92 @@
+"""Shared fixtures: real servers on loopback, production server settings, polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from shadow_proxy.app import make_app
+from shadow_proxy.config import Config
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS_DIR = ROOT / ".models"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application, *, handler_cancellation: bool = True) -> AsyncIterator[str]:
+    """Run ``app`` as production runs it (``handler_cancellation`` on, no access
+    log) on a free loopback port; yields the base URL."""
+    runner = web.AppRunner(
+        app, handler_cancellation=handler_cancellation, access_log=None, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def proxy_config(upstream_url: str, **overrides: Any) -> Config:
+    """A valid config forwarding to ``upstream_url``; ``overrides`` are top-level keys."""
+    mapping: dict[str, Any] = {
+        "schema_version": 1,
+        "listen": {"host": "127.0.0.1", "port": 0},
+        "upstream": {"url": upstream_url},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(mapping.get(key), dict):
+            mapping[key] = {**mapping[key], **value}
+        else:
+            mapping[key] = value
+    return Config.from_mapping(mapping)
+
+
+@contextlib.asynccontextmanager
+async def run_proxy(
+    config: Config, registry: CollectorRegistry | None = None
+) -> AsyncIterator[tuple[str, CollectorRegistry, web.Application]]:
+    registry = registry or CollectorRegistry()
+    app = make_app(config, registry=registry)
+    async with serve(app) as url:
+        yield url, registry, app
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01):
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def model_dirs() -> dict[str, Path]:
+    """The two local model directories (built here if ``make models`` has not run)."""
+    from shadow_proxy.modeldirs import build_all
+
+    return build_all(MODELS_DIR)
