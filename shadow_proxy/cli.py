@@ -58,16 +58,22 @@ def serve(args: argparse.Namespace) -> int:
         config.upstream.url,
         len(config.taps),
     )
-    web.run_app(
-        app,
-        host=config.listen.host,
-        port=config.listen.port,
-        shutdown_timeout=config.shutdown_grace_s,
-        handler_cancellation=True,
-        access_log=None,
-        print=None,
-        loop=uvloop.new_event_loop(),
-    )
+    from shadow_proxy.supervisor import StartupError
+
+    try:
+        web.run_app(
+            app,
+            host=config.listen.host,
+            port=config.listen.port,
+            shutdown_timeout=config.shutdown_grace_s,
+            handler_cancellation=True,
+            access_log=None,
+            print=None,
+            loop=uvloop.new_event_loop(),
+        )
+    except StartupError as e:
+        print(f"shadow-proxy: {config.path}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     log.info("stopped")
     return 0
 
