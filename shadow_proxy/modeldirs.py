@@ -92,6 +92,10 @@ CHATML_TEMPLATE = r"""
 """.strip()
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN2_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 
 def _write_json(path: Path, value: object) -> None:
@@ -149,10 +153,28 @@ def _chatml_corpus() -> list[str]:
 
 def build_chatml(dest: Path) -> Path:
     """Train the small ChatML tokenizer and write its model directory at ``dest``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's normalizer and pre-tokenizer (digits split one by one): with
+    # ``model_type: qwen2`` transformers applies these whatever tokenizer.json
+    # says, so the file must say the same for every reader to agree.
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -204,13 +226,20 @@ def build_chatml(dest: Path) -> Path:
     return dest
 
 
+#: Bump when a directory's content changes: older builds are rebuilt.
+VERSION = "2"
+
+
 def build_all(root: Path) -> dict[str, Path]:
-    """Build both model directories under ``root``; skip those already complete."""
+    """Build both model directories under ``root``; skip those already built at
+    this ``VERSION``."""
     built = {}
     for name, build in (("deepseek", build_deepseek), ("chatml", build_chatml)):
         dest = root / name
-        if not (dest / "generation_config.json").exists():
+        stamp = dest / ".shadow-proxy-version"
+        if not stamp.exists() or stamp.read_text() != VERSION:
             build(dest)
+            stamp.write_text(VERSION)
         built[name] = dest
     return built
 

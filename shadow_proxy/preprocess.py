@@ -203,6 +203,8 @@ def _chat_tokens(
         return token_data
     if model.chat_template is None:
         raise _Reject("template_error")
+    if request.get("tool_choice") == "none":
+        tools = None  # Dynamo's default (--exclude-tools-when-tool-choice-none)
     context = {
         **model.template_globals,
         **_template_kwargs(request),
@@ -248,16 +250,37 @@ def _gather_media(parts: list, multi_modal_data: dict) -> None:
 
 
 def _template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as transformers hands them to templates: keys with None values
-    dropped, reasoning under its usual aliases."""
+    """Messages as Dynamo hands them to templates: keys with None values dropped,
+    reasoning under its usual aliases, content made only of text parts joined
+    into one string with newlines, tool-call arguments parsed from their JSON
+    string into an object."""
     result = []
     for message in messages:
         message = {key: value for key, value in message.items() if value is not None}
+        content = message.get("content")
+        if isinstance(content, list) and all(part.get("type") == "text" for part in content):
+            message["content"] = "\n".join(part["text"] for part in content)
+        if isinstance(message.get("tool_calls"), list):
+            message["tool_calls"] = [_parsed_arguments(call) for call in message["tool_calls"]]
         reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
         if reasoning is not None:
             message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
         result.append(message)
     return result
+
+
+def _parsed_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str) or not arguments:
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        raise _Reject("invalid_field") from None  # Dynamo answers 400
+    if not isinstance(parsed, dict):
+        raise _Reject("invalid_field")
+    return {**call, "function": {**function, "arguments": parsed}}
 
 
 def _template_kwargs(request: dict) -> dict[str, Any]:

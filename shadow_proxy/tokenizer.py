@@ -58,10 +58,15 @@ class LoadedModel:
     #: Checksum of the tokenizer files (first 16 hex digits of a sha256).
     mdc_sum: str
     path: Path
+    #: ``tokenizers.Tokenizer`` read from tokenizer.json exactly as written.
+    #: Dynamo encodes with this; transformers' AutoTokenizer may swap in a
+    #: model family's own pre-tokenizer or normalizer (e.g. for
+    #: ``model_type: qwen2``), which changes the ids where the file disagrees.
+    backend: Any = None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens, as Dynamo's tokenizer encodes."""
-        return self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(text, add_special_tokens=False).ids
 
 
 def load_model(
@@ -86,6 +91,13 @@ def load_model(
     if not getattr(tok, "is_fast", False):
         msg = f"tokenizer '{tokenizer}' for model '{name}' has no fast (tokenizer.json) version"
         raise ModelLoadError(msg)
+    try:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception as exc:
+        msg = f"cannot read tokenizer.json of '{tokenizer}' for model '{name}': {exc}"
+        raise ModelLoadError(msg) from exc
     config = _read_json(path / "config.json")
     generation = _read_json(path / "generation_config.json")
     return LoadedModel(
@@ -97,6 +109,7 @@ def load_model(
         context_length=_context_length(context_length, config, tok.model_max_length),
         mdc_sum=checksum(path),
         path=path,
+        backend=backend,
     )
 
 

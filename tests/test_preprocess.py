@@ -42,11 +42,38 @@ def run(pre: Preprocessor, route: Route, request: object) -> PreprocessedRequest
     return pre.preprocess(route, json.dumps(request).encode(), ARRIVAL_NS)
 
 
+def dynamo_messages(messages: list[dict]) -> list[dict]:
+    """The message rewrites Dynamo's frontend makes before templating (seen on the
+    real frontend): all-text part lists joined by newlines, tool-call arguments
+    parsed from JSON."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        content = message.get("content")
+        if isinstance(content, list) and all(p["type"] == "text" for p in content):
+            message["content"] = "\n".join(p["text"] for p in content)
+        if message.get("tool_calls"):
+            message["tool_calls"] = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": json.loads(c["function"]["arguments"]),
+                    },
+                }
+                for c in message["tool_calls"]
+            ]
+        out.append(message)
+    return out
+
+
 def expected_chat_ids(model, request: dict) -> list[int]:
-    """Token ids worked out by the tokenizer's own apply_chat_template."""
+    """Token ids worked out by the tokenizer's own apply_chat_template, on the
+    messages as Dynamo rewrites them."""
+    tools = None if request.get("tool_choice") == "none" else request.get("tools")
     out = model.tokenizer.apply_chat_template(
-        request["messages"],
-        tools=request.get("tools"),
+        dynamo_messages(request["messages"]),
+        tools=tools,
         tokenize=True,
         add_generation_prompt=True,
         **request.get("chat_template_kwargs", {}),
@@ -91,6 +118,12 @@ CHAT_CASES = {
         ],
         "tools": [WEATHER_TOOL],
     },
+    "tool_choice_none": {
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [WEATHER_TOOL],
+        "tool_choice": "none",
+    },
+    "digits": {"messages": [{"role": "user", "content": "call 0123456789 or 42, x1y22"}]},
     "unicode_emoji": {"messages": [{"role": "user", "content": "héllo 日本語 😀🚀 — naïve café"}]},
     "empty_content": {"messages": [{"role": "user", "content": ""}]},
     "list_of_parts": {

@@ -1,0 +1,215 @@
+"""A small asyncio load generator for OpenAI-compatible frontends.
+
+Used by the demo and the benchmarks. Prompts are built before the clock starts
+(distinct per request, about ``prompt_tokens`` tokens), then ``concurrency``
+workers send ``requests`` requests and record per request: status, time to
+first byte of the body (for streams: the first SSE event, i.e. time to first
+token), end-to-end time, the frontend's ``usage`` and whether the client
+cancelled it on purpose.
+
+Cancelling is deterministic: request ``i`` is cancelled when
+``(i * 7919) % 1000 < cancel_fraction * 1000`` (spread over the run). A
+streaming request is cancelled right after its first content event (the
+client closes the connection); a unary one after ``cancel_after_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from typing import Any
+
+import aiohttp
+import attrs
+
+#: Words that are one token each in common BPE vocabularies (with the space).
+_WORDS = (
+    "time year people way day man thing woman life child world school state family "
+    "student group country problem hand part place case week company system program "
+    "question work government number night point home water room mother area money "
+    "story fact month lot right study book eye job word business issue side kind head "
+    "house service friend father power hour game line end member law car city name"
+).split()
+
+
+@attrs.frozen
+class LoadSpec:
+    url: str
+    model: str
+    requests: int = 200
+    concurrency: int = 16
+    prompt_tokens: int = 512
+    output_tokens: int = 32
+    stream: bool = True
+    api: str = "chat"
+    cancel_fraction: float = 0.0
+    cancel_after_s: float = 0.05
+    include_usage: bool = True
+    seed: int = 0
+    headers: dict[str, str] = attrs.field(factory=dict)
+    timeout_s: float = 600.0
+
+    def cancels(self, index: int) -> bool:
+        return (index * 7919) % 1000 < self.cancel_fraction * 1000
+
+
+@attrs.define
+class Result:
+    index: int
+    request_id: str = ""
+    status: int = 0
+    cancelled: bool = False
+    error: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    usage: dict[str, Any] | None = None
+    body_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None and not self.cancelled
+
+
+@attrs.define
+class Report:
+    spec: LoadSpec
+    results: list[Result]
+    duration_s: float
+
+    def summary(self) -> dict[str, Any]:
+        ok = [r for r in self.results if r.ok]
+        ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+        e2e = sorted(r.e2e_s for r in ok)
+        usage = [r.usage for r in ok if r.usage]
+        return {
+            "requests": len(self.results),
+            "ok": len(ok),
+            "cancelled": sum(r.cancelled for r in self.results),
+            "errors": sum(1 for r in self.results if not r.ok and not r.cancelled),
+            "prompt_tokens": sum(u.get("prompt_tokens", 0) for u in usage),
+            "completion_tokens": sum(u.get("completion_tokens", 0) for u in usage),
+            "duration_s": round(self.duration_s, 3),
+            "requests_per_s": round(len(ok) / self.duration_s, 2) if self.duration_s else 0.0,
+            "ttft_p50_ms": _ms(percentile(ttft, 50)),
+            "ttft_p99_ms": _ms(percentile(ttft, 99)),
+            "e2e_p50_ms": _ms(percentile(e2e, 50)),
+            "e2e_p99_ms": _ms(percentile(e2e, 99)),
+        }
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile of sorted ``values``."""
+    if not values:
+        return None
+    rank = max(1, min(len(values), round(p / 100 * len(values) + 0.5)))
+    return values[rank - 1]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def make_prompt(rng: random.Random, tokens: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(max(1, tokens - 8)))
+
+
+def make_body(spec: LoadSpec, index: int) -> bytes:
+    rng = random.Random(spec.seed * 1_000_003 + index)
+    prompt = f"Request {index}. " + make_prompt(rng, spec.prompt_tokens)
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "max_tokens": spec.output_tokens,
+        "stream": spec.stream,
+        "ignore_eos": True,
+    }
+    if spec.api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    if spec.stream and spec.include_usage:
+        body["stream_options"] = {"include_usage": True}
+    return json.dumps(body).encode()
+
+
+def _usage_from_sse(data: bytes) -> dict | None:
+    for line in reversed(data.split(b"\n")):
+        if line.startswith(b"data:") and b'"usage"' in line:
+            try:
+                usage = json.loads(line[5:]).get("usage")
+            except (ValueError, AttributeError):
+                continue
+            if usage:
+                return usage
+    return None
+
+
+async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body: bytes) -> Result:
+    path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
+    result = Result(index)
+    cancel = spec.cancels(index)
+    started = time.perf_counter()
+    headers = {"Content-Type": "application/json", **spec.headers}
+    try:
+        async with session.post(spec.url + path, data=body, headers=headers) as response:
+            result.status = response.status
+            result.request_id = response.headers.get("x-request-id", "")
+            chunks = []
+            if spec.stream:
+                async for chunk in response.content.iter_any():
+                    if result.ttft_s is None:
+                        result.ttft_s = time.perf_counter() - started
+                    chunks.append(chunk)
+                    if cancel and (b'"content"' in chunk or b'"text"' in chunk):
+                        result.cancelled = True
+                        response.close()
+                        break
+            elif cancel:
+                try:
+                    async with asyncio.timeout(spec.cancel_after_s):
+                        chunks.append(await response.read())
+                except TimeoutError:
+                    result.cancelled = True
+                    response.close()
+            else:
+                chunks.append(await response.read())
+                result.ttft_s = time.perf_counter() - started
+            data = b"".join(chunks)
+            result.body_bytes = len(data)
+            if not result.cancelled and response.status == 200:
+                if spec.stream:
+                    result.usage = _usage_from_sse(data)
+                    if not data.rstrip().endswith(b"data: [DONE]"):
+                        result.error = "stream ended without [DONE]"
+                else:
+                    result.usage = json.loads(data).get("usage")
+    except (aiohttp.ClientError, ValueError, TimeoutError) as e:
+        result.error = type(e).__name__
+    result.e2e_s = time.perf_counter() - started
+    return result
+
+
+async def run_load(spec: LoadSpec) -> Report:
+    """Send the load described by ``spec``; returns every request's result."""
+    bodies = [make_body(spec, i) for i in range(spec.requests)]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(spec.requests):
+        queue.put_nowait(i)
+    results: list[Result] = []
+    connector = aiohttp.TCPConnector(limit=spec.concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False
+    ) as session:
+
+        async def work() -> None:
+            while not queue.empty():
+                index = queue.get_nowait()
+                results.append(await _one(session, spec, index, bodies[index]))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(work() for _ in range(spec.concurrency)))
+        duration = time.perf_counter() - started
+    results.sort(key=lambda r: r.index)
+    return Report(spec, results, duration)
