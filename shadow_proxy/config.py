@@ -156,13 +156,20 @@ class _Lines(dict):
 
 
 class _LineLoader(yaml.SafeLoader):
-    def construct_mapping(self, node, deep=False):
-        mapping = _Lines(super().construct_mapping(node, deep=deep))
-        mapping.line = node.start_mark.line + 1
-        mapping.key_lines = {
-            str(self.construct_object(k, deep=True)): k.start_mark.line + 1 for k, _ in node.value
-        }
-        return mapping
+    """A SafeLoader whose mappings are ``_Lines``: they know where each key stands."""
+
+    def construct_yaml_map(self, node):
+        data = _Lines()
+        data.line = node.start_mark.line + 1
+        data.key_lines = {}
+        yield data
+        data.update(self.construct_mapping(node))
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            data.key_lines[str(key)] = key_node.start_mark.line + 1
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:map", _LineLoader.construct_yaml_map)
 
 
 _MISSING = object()
