@@ -124,7 +124,7 @@ class WorkerMetrics(Collector):
         )
         self.ttft = Histogram(
             "shadow_worker_record_ttft_seconds",
-            "Time to first token of joined records, from request arrival.",
+            "Arrival to the first content-carrying chunk, in joined records.",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -285,6 +285,8 @@ class Worker:
         )
         usage = observed.usage or {}
         self.check_prompt_tokens(pending, usage.get("prompt_tokens"))
+        if observed.first_token_offset_ns is not None:
+            self.metrics.ttft.observe(observed.first_token_offset_ns / 1e9)
         for tap in pending.joined:
             options = tap.config.response
             response = final.to_record(
