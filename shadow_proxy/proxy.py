@@ -121,6 +121,7 @@ class ProxyHandler:
             headers["Content-Length"] = str(len(body))
             data = _slices(body)
         end, detail = EndKind.CLEAN, ""
+        proxy_answer: web.Response | None = None
         try:
             async with self.session.request(
                 request.method, url, headers=headers, data=data, allow_redirects=False
@@ -148,33 +149,48 @@ class ProxyHandler:
             if end is EndKind.CLIENT_GONE:
                 self.metrics.client_disconnects.labels(route.label).inc()
             raise
+        except aiohttp.SocketTimeoutError:
+            # Connected, but no response headers within ``read_timeout_s``.
+            end, detail = EndKind.TIMEOUT, "read timeout"
+            self.metrics.upstream_errors.labels("read_timeout").inc()
+            log.warning("upstream read timeout before the response started")
+            proxy_answer = error_response(
+                504, "the frontend did not answer in time", "upstream_timeout",
+                request_id, header,
+            )  # fmt: skip
+            return proxy_answer
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             # Before the response started: a connect timeout (504).
             end, detail = EndKind.UPSTREAM_FAILED, "connect timeout"
             self.metrics.upstream_errors.labels("connect_timeout").inc()
             log.warning("upstream connect timeout: %s", type(e).__name__)
-            return error_response(
+            proxy_answer = error_response(
                 504, "the frontend did not accept a connection in time", "upstream_timeout",
                 request_id, header,
             )  # fmt: skip
+            return proxy_answer
         except aiohttp.ClientConnectorError as e:
             end, detail = EndKind.UPSTREAM_FAILED, "connect failed"
             self.metrics.upstream_errors.labels("connect").inc()
             log.warning(
                 "upstream unreachable: %s", e.os_error.strerror or type(e.os_error).__name__
             )
-            return error_response(
+            proxy_answer = error_response(
                 502, "the frontend cannot be reached", "upstream_unreachable", request_id, header
             )
+            return proxy_answer
         except aiohttp.ClientError as e:
             end, detail = EndKind.UPSTREAM_FAILED, "upstream failed before responding"
             self.metrics.upstream_errors.labels("bad_response").inc()
             log.warning("upstream failed before responding: %s", type(e).__name__)
-            return error_response(
+            proxy_answer = error_response(
                 502, "the frontend failed before responding", "upstream_error", request_id, header
             )
+            return proxy_answer
         finally:
             if capture is not None:
+                if proxy_answer is not None:
+                    capture.head(proxy_answer.status, "application/json", "")
                 capture.end(end, detail)
 
     async def _stream(self, request, upstream, response, capture, route, arrival_mono_ns):
@@ -195,7 +211,15 @@ class ProxyHandler:
                     first = False
                     ttfb = (time.monotonic_ns() - arrival_mono_ns) / 1e9
                     self.metrics.ttfb.labels(route.label).observe(ttfb)
-                await response.write(chunk)
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError:
+                    # The client went away and its transport is closing; the
+                    # write failed before the handler was cancelled. This is
+                    # aiohttp's ClientConnectionResetError, also a ClientError:
+                    # caught here so it is not taken for a broken frontend.
+                    self.metrics.client_disconnects.labels(route.label).inc()
+                    return EndKind.CLIENT_GONE, "client went away"
                 if capture is not None:
                     capture.chunk(chunk)
         except (TimeoutError, aiohttp.ServerTimeoutError):

@@ -58,8 +58,6 @@ RETRY_MS = 5
 HEARTBEAT_S = 1.0
 #: How long the queues are drained at shutdown before what is left is lost.
 DRAIN_S = 2.0
-#: Per choice, output text kept for retokenizing (bytes); see README "Bounds".
-MAX_TEXT_BYTES_PER_CHOICE = 1 << 20
 
 PREPROCESS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
@@ -230,12 +228,14 @@ class Worker:
                 self.publish(tap, pending, None)
         if pending.joined:
             n = pre.sampling_options.get("n") or 1
-            chunk_timing = any(t.config.response.chunk_timing for t in pending.joined)
+            options = [t.config.response for t in pending.joined]
+            caps = [o.max_tokens for o in options]
             pending.recorder = ResponseRecorder(
                 route,
                 n,
-                max_text_bytes_per_choice=MAX_TEXT_BYTES_PER_CHOICE,
-                chunk_timing=chunk_timing,
+                # Upstream ids beyond every tap's cap are never published.
+                max_token_ids_per_choice=None if None in caps else max(caps),
+                chunk_timing=any(o.chunk_timing for o in options),
             )
         self.track(key, pending)
 

@@ -1,0 +1,242 @@
+"""Incremental Server-Sent Events parser: bytes in, events out.
+
+Runs in the tap worker on a copy of every chunk of every streamed response, so it
+works on whole lines with bytes methods (``splitlines``), never byte by byte.
+Chunks may split the stream anywhere: inside a multi-byte UTF-8 character (lines
+are decoded only once complete, and a line terminator is never part of a
+multi-byte sequence), between ``\\r`` and ``\\n``, or inside the leading BOM.
+
+It follows the WHATWG HTML "event stream interpretation" rules (``\\n``, ``\\r\\n``
+and ``\\r`` line ends; ``:`` comment lines; ``data`` lines joined with ``\\n``; one
+space after the colon removed if present; ``event``, ``id`` and ``retry`` fields;
+one leading UTF-8 BOM skipped; a final event without its blank line discarded),
+with two deliberate differences, because it observes a stream rather than
+serving a browser:
+
+- an event with an ``event:`` field but no ``data:`` line is dispatched (a
+  browser drops it): Dynamo reports a worker that died mid-stream as
+  ``event: error`` with the message in a comment line and no data;
+- comment lines inside an event are kept on it (``SSEEvent.comments``); a block
+  of comments alone (a keep-alive) is dropped.
+
+Bounded memory: one event (its lines, each counted as its bytes plus
+``LINE_OVERHEAD`` for the Python object that holds it, and the unterminated line
+still arriving) never exceeds ``max_event_bytes``; at most ``MAX_COMMENTS``
+comment lines are kept per event. A larger event is
+dropped as soon as it crosses the cap, the rest of it is skipped up to its blank
+line without being buffered, and ``oversized_events`` counts it. Peak use is
+``max_event_bytes`` plus the chunk being fed (plus the decoded ``str`` of the
+lines of one event).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+#: What a kept line costs beyond its bytes (the ``str`` header and its list slot),
+#: counted against the cap so that many short lines cannot hide behind it.
+LINE_OVERHEAD = 64
+#: Comment lines kept per event (they only explain errors); later ones are ignored.
+MAX_COMMENTS = 8
+
+_BOM = b"\xef\xbb\xbf"
+_CR = 0x0D
+_LF = 0x0A
+
+
+@attrs.frozen
+class SSEEvent:
+    """One dispatched event. ``data`` is the ``data`` lines joined with ``\\n``;
+    ``event`` is ``"message"`` unless the stream named it; ``id`` is the last
+    event id seen so far in the stream (WHATWG semantics)."""
+
+    data: str
+    event: str = "message"
+    id: str = ""
+    comments: tuple[str, ...] = ()
+
+
+class SSEParser:
+    """Feed bytes in arbitrary chunks; get back the events they complete.
+
+    ``feed`` never raises on stream content: invalid UTF-8 is replaced (U+FFFD),
+    unknown fields are ignored, oversized events are counted and dropped.
+    ``close`` at end of stream discards an unfinished event (counted in
+    ``truncated_events``).
+    """
+
+    __slots__ = (
+        "_comments",
+        "_data",
+        "_discarding",
+        "_event",
+        "_pending_bom",
+        "_size",
+        "_skip_lf",
+        "_skip_line",
+        "_tail",
+        "_tail_len",
+        "events",
+        "last_event_id",
+        "max_event_bytes",
+        "oversized_events",
+        "retry_ms",
+        "truncated_events",
+    )
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
+        if max_event_bytes < 1:
+            msg = f"'max_event_bytes' must be at least 1 (got {max_event_bytes})"
+            raise ValueError(msg)
+        self.max_event_bytes = max_event_bytes
+        #: Events dispatched so far.
+        self.events = 0
+        #: Events dropped because they grew over ``max_event_bytes``.
+        self.oversized_events = 0
+        #: Events the stream left unfinished (no blank line before its end).
+        self.truncated_events = 0
+        self.last_event_id = ""
+        self.retry_ms: int | None = None
+        # The unterminated last line, as the pieces that arrived (joined once,
+        # when its terminator arrives: no quadratic re-copying of a long line).
+        self._tail: list[bytes] = []
+        self._tail_len = 0
+        # The previous chunk ended with "\r": a "\n" opening this one ends nothing.
+        self._skip_lf = False
+        # Nothing decoded yet: a BOM may still be arriving.
+        self._pending_bom = True
+        # The current event went over the cap: skip its lines up to the blank line.
+        self._discarding = False
+        # The unterminated line belongs to a discarded event: its bytes are not
+        # kept, and the next line end only closes it.
+        self._skip_line = False
+        # The event being assembled.
+        self._data: list[str] = []
+        self._event = ""
+        self._comments: list[str] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """The events completed by ``chunk``, in stream order."""
+        if not chunk:
+            return []
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[0] == _LF:
+                chunk = chunk[1:]
+                if not chunk:
+                    return []
+        if not self._pending_bom and b"\n" not in chunk and b"\r" not in chunk:
+            self._extend_line(chunk)
+            return []
+        if self._tail:
+            self._tail.append(chunk)
+            chunk = b"".join(self._tail)
+            self._tail = []
+            self._tail_len = 0
+        if self._pending_bom:
+            if len(chunk) < len(_BOM) and _BOM.startswith(chunk):
+                self._tail = [chunk]
+                self._tail_len = len(chunk)
+                return []
+            self._pending_bom = False
+            if chunk.startswith(_BOM):
+                chunk = chunk[len(_BOM) :]
+                if not chunk:
+                    return []
+        lines = chunk.splitlines()
+        last = chunk[-1]
+        rest = None
+        if last == _CR:
+            self._skip_lf = True
+        elif last != _LF:
+            rest = lines.pop()
+        events: list[SSEEvent] = []
+        for line in lines:
+            if self._skip_line:
+                self._skip_line = False
+            elif not line:
+                self._dispatch(events)
+            elif not self._discarding:
+                if line[0] == 0x3A and len(self._comments) >= MAX_COMMENTS:
+                    continue
+                self._size += len(line) + LINE_OVERHEAD
+                if self._size > self.max_event_bytes:
+                    self._discard()
+                else:
+                    self._field(line)
+        if rest is not None:
+            self._extend_line(rest)
+        return events
+
+    def close(self) -> None:
+        """End of stream: an event without its closing blank line is discarded."""
+        if self._data or self._event or self._comments or self._tail or self._discarding:
+            self.truncated_events += 1
+        self._reset()
+        self._tail = []
+        self._tail_len = 0
+        self._skip_line = False
+
+    def _extend_line(self, piece: bytes) -> None:
+        """Add an unterminated piece to the last line, or skip it if discarded."""
+        if self._skip_line:
+            return
+        if self._discarding:
+            self._skip_line = True
+            return
+        self._tail.append(piece)
+        self._tail_len += len(piece)
+        if self._size + self._tail_len > self.max_event_bytes:
+            self._tail = []
+            self._tail_len = 0
+            self._skip_line = True
+            self._discard()
+
+    def _discard(self) -> None:
+        self._data = []
+        self._event = ""
+        self._comments = []
+        self._size = 0
+        self._discarding = True
+
+    def _reset(self) -> None:
+        self._data = []
+        self._event = ""
+        self._comments = []
+        self._size = 0
+        self._discarding = False
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        if self._discarding:
+            self.oversized_events += 1
+        elif self._data or self._event:
+            events.append(
+                SSEEvent(
+                    "\n".join(self._data),
+                    self._event or "message",
+                    self.last_event_id,
+                    tuple(self._comments),
+                )
+            )
+            self.events += 1
+        self._reset()
+
+    def _field(self, line: bytes) -> None:
+        text = line.decode("utf-8", "replace")
+        name, colon, value = text.partition(":")
+        if colon and value[:1] == " ":
+            value = value[1:]
+        if not name:
+            self._comments.append(value)
+        elif name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id":
+            if "\0" not in value:
+                self.last_event_id = value
+        elif name == "retry" and value.isascii() and value.isdigit():
+            self.retry_ms = int(value)
