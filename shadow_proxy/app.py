@@ -12,7 +12,10 @@ method and any path, goes to the frontend.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
 import time
 
 import aiohttp
@@ -20,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from shadow_proxy.config import Config
-from shadow_proxy.metrics import ProxyMetrics
+from shadow_proxy.metrics import ProxyMetrics, loop_lag_histogram
 from shadow_proxy.proxy import ProxyHandler
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ READY = web.AppKey("ready", dict)
 
 #: How long ``/readyz`` trusts its last answer.
 READY_CACHE_S = 1.0
+#: ``SHADOW_PROXY_LOOP_LAG=1`` samples the serving loop's lag into
+#: ``shadow_proxy_loop_lag_seconds`` every ``LOOP_LAG_INTERVAL_S`` (benchmarks).
+LOOP_LAG_ENV = "SHADOW_PROXY_LOOP_LAG"
+LOOP_LAG_INTERVAL_S = 0.01
 
 
 def client_session(config: Config) -> aiohttp.ClientSession:
@@ -75,11 +82,15 @@ def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> we
     app[CONFIG] = config
     app[REGISTRY] = registry
     app[METRICS] = metrics
-    app.cleanup_ctx.append(_session_ctx)
     if config.taps:
         from shadow_proxy.supervisor import taps_ctx
 
+        # First in, last out: the worker starts before the session (a failed
+        # start leaves nothing open) and stops after the last request ended.
         app.cleanup_ctx.append(taps_ctx)
+    app.cleanup_ctx.append(_session_ctx)
+    if os.environ.get(LOOP_LAG_ENV) == "1":
+        app.cleanup_ctx.append(_loop_lag_ctx)
     app.on_shutdown.append(_on_shutdown)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -99,11 +110,30 @@ async def _session_ctx(app: web.Application):
         request_id_header=config.request_id_header,
         max_request_bytes=config.upstream.max_request_bytes,
         metrics=app[METRICS],
-        handoff=None,
+        handoff=app[TAPS].handoff if TAPS in app else None,
     )
     app[READY] = {"at": -READY_CACHE_S}
     yield
     await session.close()
+
+
+async def _loop_lag_ctx(app: web.Application):
+    """Samples the serving loop's lag while the app runs (one task, one sleep
+    every 10 ms: about a hundred wake-ups a second)."""
+    histogram = loop_lag_histogram(app[REGISTRY])
+
+    async def sample() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
+            histogram.observe(max(0.0, loop.time() - started - LOOP_LAG_INTERVAL_S))
+
+    task = asyncio.create_task(sample())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _on_shutdown(app: web.Application) -> None:

@@ -87,8 +87,11 @@ class ProxyHandler:
             )
             status = response.status
             return response
-        except asyncio.CancelledError:
+        except _ClientGone as gone:
             status = 499  # the client went away (nginx's convention)
+            return gone.response
+        except asyncio.CancelledError:
+            status = 499
             raise
         finally:
             metrics.in_flight.dec()
@@ -144,7 +147,7 @@ class ProxyHandler:
                     request, upstream, response, capture, route, arrival_mono_ns
                 )
                 return response
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, _ClientGone):
             end = EndKind.SHUTDOWN if self.shutting_down else EndKind.CLIENT_GONE
             if end is EndKind.CLIENT_GONE:
                 self.metrics.client_disconnects.labels(route.label).inc()
@@ -213,13 +216,12 @@ class ProxyHandler:
                     self.metrics.ttfb.labels(route.label).observe(ttfb)
                 try:
                     await response.write(chunk)
-                except ConnectionResetError:
+                except ConnectionResetError as e:
                     # The client went away and its transport is closing; the
                     # write failed before the handler was cancelled. This is
                     # aiohttp's ClientConnectionResetError, also a ClientError:
                     # caught here so it is not taken for a broken frontend.
-                    self.metrics.client_disconnects.labels(route.label).inc()
-                    return EndKind.CLIENT_GONE, "client went away"
+                    raise _ClientGone(response) from e
                 if capture is not None:
                     capture.chunk(chunk)
         except (TimeoutError, aiohttp.ServerTimeoutError):
@@ -240,6 +242,14 @@ class ProxyHandler:
         )
         response.force_close()
         return response
+
+
+class _ClientGone(Exception):
+    """The client's connection failed under a write: it went away."""
+
+    def __init__(self, response: web.StreamResponse):
+        super().__init__("client went away")
+        self.response = response
 
 
 def _break(request: web.Request, response: web.StreamResponse) -> None:

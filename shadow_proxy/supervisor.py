@@ -177,7 +177,7 @@ def _worker_entry(config: Config, handoff_endpoint: str, control_endpoint: str) 
 
 
 async def taps_ctx(app: web.Application):
-    from shadow_proxy.app import CONFIG, HANDLER, METRICS, REGISTRY, TAPS
+    from shadow_proxy.app import CONFIG, METRICS, REGISTRY, TAPS
 
     relay = WorkerMetricsRelay()
     app[REGISTRY].register(relay)
@@ -188,12 +188,10 @@ async def taps_ctx(app: web.Application):
         await taps.stop()
         raise
     app[TAPS] = taps
-    app[HANDLER].handoff = taps.handoff
     watcher = asyncio.create_task(taps.watch())
     yield
     taps.stopping = True
     watcher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watcher
-    app[HANDLER].handoff = None
     await taps.stop()
