@@ -87,11 +87,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="YAML file (default: $SHADOW_PROXY_CONFIG)")
     p.set_defaults(func=serve)
 
-    p = sub.add_parser("mock-frontend", help="run the built-in OpenAI-compatible frontend")
+    p = sub.add_parser(
+        "mock-frontend", add_help=False, help="run the built-in OpenAI-compatible frontend"
+    )
     p.set_defaults(func=None, passthrough="mock-frontend")
 
-    p = sub.add_parser("consumer", help="subscribe to a tap and keep totals")
+    p = sub.add_parser("consumer", add_help=False, help="subscribe to a tap and keep totals")
     p.set_defaults(func=None, passthrough="consumer")
+
+    p = sub.add_parser("bench", help="the cost benchmark (repository checkout)", add_help=False)
+    p.set_defaults(func=None, passthrough="bench")
+
+    p = sub.add_parser(
+        "demo", add_help=False, help="frontend, proxy, taps, consumers and a load; one table"
+    )
+    p.set_defaults(func=None, passthrough="demo")
 
     args, rest = parser.parse_known_args(argv)
     _setup_logging(args.log_level)
@@ -102,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         return run_mock_frontend(rest)
     if passthrough == "consumer":
         return consumer_main(rest)
+    if passthrough == "bench":
+        return bench_main(rest)
+    if passthrough == "demo":
+        from shadow_proxy.demo import run_demo
+
+        return run_demo(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return args.func(args)
@@ -109,6 +125,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def consumer_main(argv: list[str] | None = None) -> int:
     from shadow_proxy.consumer import consumer_main as run
+
+    return run(argv)
+
+
+def bench_main(argv: list[str]) -> int:
+    """``bench/proxy_bench.py`` of the checkout this package is installed from (editable)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    if not (repo / "bench" / "proxy_bench.py").is_file():
+        print(f"shadow-proxy bench: needs a repository checkout ({repo}/bench)", file=sys.stderr)
+        return EXIT_CONFIG
+    sys.path.insert(0, str(repo))
+    from bench.proxy_bench import main as run
 
     return run(argv)
 
