@@ -821,6 +821,8 @@ class ResponseRecorder:
         if end is EndKind.CAPTURE_LOST:
             return "error", error or ("capture lost: " + detail if detail else "capture lost")
         if self._status is not None and self._status >= 400:
+            if error is None and end in _END_ERRORS and detail:
+                error = _clip(detail)  # the proxy answered itself: say why
             return "error", error or f"HTTP {self._status}"
         if error is not None:
             return "error", error

@@ -81,6 +81,9 @@ class Pending:
     joined: list[Tap]
     recorder: ResponseRecorder | None
     projections: dict[Any, dict] = attrs.field(factory=dict)
+    #: The serving process's monotonic arrival stamp (CLOCK_MONOTONIC is
+    #: system-wide), for offsets the worker itself must take.
+    arrival_mono_ns: int = 0
 
 
 class WorkerMetrics(Collector):
@@ -204,7 +207,9 @@ class Worker:
                 self.on_end(pending, EndKind(end), offset, frames[3].decode(), frames[4:])
 
     def on_request(self, key: bytes, frames: list[bytes]) -> None:
-        route_value, arrival_unix_ns, _mono, lost_before = hf.REQUEST_META.unpack(frames[2])
+        route_value, arrival_unix_ns, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack(
+            frames[2]
+        )
         if lost_before > self.lost_seen:
             # Requests the serving loop could not hand over: every tap loses them.
             for tap in self.taps:
@@ -218,7 +223,9 @@ class Worker:
         if not isinstance(pre, PreprocessedRequest):
             self.metrics.not_mirrored.labels(pre.reason).inc()
             return
-        pending = Pending(route, request_id, arrival_unix_ns, pre, [], None)
+        pending = Pending(
+            route, request_id, arrival_unix_ns, pre, [], None, arrival_mono_ns=arrival_mono_ns
+        )
         for tap in self.taps:
             if not self.takes(tap, pending):
                 continue
@@ -361,7 +368,8 @@ class Worker:
         """At shutdown: requests still open get their record as ``shutdown``."""
         for pending in list(self.pending.values()):
             if pending.recorder is not None:
-                self.on_end(pending, EndKind.SHUTDOWN, 0, "proxy shut down", [])
+                offset = max(0, time.monotonic_ns() - pending.arrival_mono_ns)
+                self.on_end(pending, EndKind.SHUTDOWN, offset, "proxy shut down", [])
         self.pending.clear()
 
     def drain(self, deadline_s: float) -> int:
