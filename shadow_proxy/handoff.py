@@ -24,6 +24,7 @@ KIND_REQUEST = b"q"
 KIND_HEAD = b"h"
 KIND_CHUNK = b"c"
 KIND_END = b"e"
+KIND_LAST = b"z"
 
 KEY = struct.Struct(">Q")
 REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
@@ -57,6 +58,12 @@ class Handoff:
         self.full_response = True
 
     def close(self) -> None:
+        """Send the last message (``KIND_LAST``: nothing follows it on this
+        pipe, so the worker knows it has read everything), then close."""
+        try:
+            self._socket.send_multipart([KIND_LAST, KEY.pack(0)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
         self._socket.close(linger=LINGER_MS)
 
     def _send(self, frames: list[bytes], reason_if_lost: str = "full") -> bool:

@@ -56,6 +56,8 @@ BATCH = 512
 #: How long the loop sleeps when it has queued records it could not send.
 RETRY_MS = 5
 HEARTBEAT_S = 1.0
+#: At shutdown, how long the worker waits for the serving loop's last message.
+LAST_MESSAGE_WAIT_S = 1.0
 #: How long the queues are drained at shutdown before what is left is lost.
 DRAIN_S = 2.0
 
@@ -467,11 +469,14 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
             worker.heartbeat()
             say("metrics", families=worker.metrics.snapshot(), taps=worker.listing())
 
-    # Shutdown: what the serving loop sent before it stopped, then the queues.
-    while True:
-        try:
-            frames = pull.recv_multipart(flags=zmq.NOBLOCK)
-        except zmq.Again:
+    # Shutdown: what the serving loop sent before it stopped (up to its last
+    # message, which may still be in transit), then the queues.
+    deadline = time.monotonic() + LAST_MESSAGE_WAIT_S
+    while time.monotonic() < deadline:
+        if not pull.poll(50):
+            continue
+        frames = pull.recv_multipart()
+        if frames[0] == hf.KIND_LAST:
             break
         _safely(worker.handle, frames)
     worker.finish_pending()
