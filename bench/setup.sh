@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set-up for `make bench` (idempotent): nginx (the C reference proxy) and
+# taskset from Debian's packages when missing, and the Dynamo frontend + mocker
+# (scripts/install-dynamo.sh) when the bench is asked for --frontend dynamo|both.
+# Takes the bench's own arguments and looks only at --frontend.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+frontend=builtin
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --frontend) frontend="${2:-builtin}"; shift 2 || shift ;;
+    --frontend=*) frontend="${1#--frontend=}"; shift ;;
+    *) shift ;;
+  esac
+done
+
+missing=()
+command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
+command -v taskset >/dev/null 2>&1 || missing+=(util-linux)
+if [[ ${#missing[@]} -gt 0 ]]; then
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+  echo "bench/setup.sh: installing ${missing[*]} with apt-get"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [[ "$frontend" == dynamo || "$frontend" == both ]]; then
+  "$ROOT/scripts/install-dynamo.sh"
+fi
