@@ -90,6 +90,9 @@ class WorkerOptions:
     handoff_capacity: int = 65536
     #: Requests the worker tracks at once (awaiting their response's end).
     max_in_flight: int = 8192
+    #: Niceness added to the worker process: on a shared core the serving
+    #: loop (and the frontend) win; the worker's lag shows as counted drops.
+    nice: int = 5
 
 
 @attrs.frozen
@@ -339,10 +342,11 @@ class _Parser:
         )
 
     def worker(self, root: Mapping) -> WorkerOptions:
-        s = self.section(root, "worker", "", {"handoff_capacity", "max_in_flight"})
+        s = self.section(root, "worker", "", {"handoff_capacity", "max_in_flight", "nice"})
         return WorkerOptions(
             handoff_capacity=self.get(s, "handoff_capacity", "worker.", int, 65536, _at_least_1),
             max_in_flight=self.get(s, "max_in_flight", "worker.", int, 8192, _at_least_1),
+            nice=self.get(s, "nice", "worker.", int, 5, _niceness),
         )
 
     def taps(self, root: Mapping, publish: Publish) -> tuple[TapConfig, ...]:
@@ -404,10 +408,20 @@ class _Parser:
         joined = capture == "request_response"
         if "emit" in item:
             if not joined:
-                self.fail(item, f"{p}emit", "is only allowed with capture: request_response")
+                self.fail(
+                    item,
+                    f"{p}emit",
+                    f"is only allowed with capture: request_response (capture is {capture!r})",
+                    item["emit"],
+                )
             self.get(item, "emit", p, str, check=_choice("joined"))
         if "response" in item and not joined:
-            self.fail(item, f"{p}response", "is only allowed with capture: request_response")
+            self.fail(
+                item,
+                f"{p}response",
+                f"is only allowed with capture: request_response (capture is {capture!r})",
+                item["response"],
+            )
         raw_filters = self.get(item, "filters", p, (list, type(None)), None) or []
         for f in raw_filters:
             if not isinstance(f, str):
@@ -480,6 +494,10 @@ def _positive(value: float) -> str | None:
 
 def _non_negative(value: float) -> str | None:
     return None if value >= 0 and math.isfinite(value) else "must be zero or more"
+
+
+def _niceness(value: int) -> str | None:
+    return None if 0 <= value <= 19 else "must be between 0 and 19"
 
 
 def _fraction(value: float) -> str | None:

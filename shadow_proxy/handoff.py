@@ -29,7 +29,6 @@ KIND_LAST = b"z"
 KEY = struct.Struct(">Q")
 REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
 HEAD_META = struct.Struct(">HQ")  # status, offset_ns
-OFFSET = struct.Struct(">Q")
 END_META = struct.Struct(">BQ")  # end kind, offset_ns
 
 #: Linger at close: what is still queued after this is lost (the worker is
@@ -97,17 +96,25 @@ class Capture:
     """One request's response, handed to the worker as it streams by.
 
     Guarantees: ``end`` is called exactly once by the proxy and sends the end
-    message (or counts its loss). After a chunk is lost, the rest of the
+    message (or counts its loss). After a message is lost, the rest of the
     exchange is not sent and the end says ``CAPTURE_LOST``, so the worker never
     builds a record from a partial copy.
 
-    Without joined taps (``full`` false) no chunk is sent: the capture keeps a
-    reference to the last ``TAIL_CHUNKS`` chunks and sends them with the end,
-    which is where a response carries ``usage``.
+    Chunks are batched: the capture keeps references to at most
+    ``BATCH_CHUNKS`` chunks or ``BATCH_BYTES`` bytes (each with the monotonic
+    offset at which it was written to the client), then sends them as one
+    message; the end message carries the rest. A short stream costs three
+    messages (request, head, end) instead of one per chunk.
+
+    Without joined taps (``full`` false) no chunk is sent: the capture keeps the
+    last ``TAIL_CHUNKS`` chunks and sends them with the end, which is where a
+    response carries ``usage``.
     """
 
     TAIL_CHUNKS = 2
-    __slots__ = ("_arrival", "_full", "_handoff", "_key", "_lost", "_tail")
+    BATCH_CHUNKS = 32
+    BATCH_BYTES = 64 * 1024
+    __slots__ = ("_arrival", "_bytes", "_chunks", "_full", "_handoff", "_key", "_lost", "_offsets")
 
     def __init__(self, handoff: Handoff, key: bytes, arrival_mono_ns: int, full: bool):
         self._handoff = handoff
@@ -115,7 +122,9 @@ class Capture:
         self._arrival = arrival_mono_ns
         self._full = full
         self._lost = False
-        self._tail: list[bytes] = []
+        self._chunks: list[bytes] = []
+        self._offsets: list[int] = []
+        self._bytes = 0
 
     def head(self, status: int, content_type: str, content_encoding: str) -> None:
         if self._lost:
@@ -125,19 +134,36 @@ class Capture:
         self._lost = not self._handoff._send(frames)
 
     def chunk(self, data: bytes) -> None:
-        if not self._full:
-            tail = self._tail
-            tail.append(data)
-            if len(tail) > self.TAIL_CHUNKS:
-                del tail[0]
-            return
         if self._lost:
             return
-        offset = OFFSET.pack(time.monotonic_ns() - self._arrival)
-        self._lost = not self._handoff._send([KIND_CHUNK, self._key, offset, data])
+        chunks, offsets = self._chunks, self._offsets
+        chunks.append(data)
+        offsets.append(time.monotonic_ns() - self._arrival)
+        if not self._full:
+            if len(chunks) > self.TAIL_CHUNKS:
+                del chunks[0], offsets[0]
+            return
+        self._bytes += len(data)
+        if len(chunks) >= self.BATCH_CHUNKS or self._bytes >= self.BATCH_BYTES:
+            frames = [KIND_CHUNK, self._key, pack_offsets(offsets), *chunks]
+            self._lost = not self._handoff._send(frames)
+            chunks.clear()
+            offsets.clear()
+            self._bytes = 0
 
     def end(self, kind: EndKind, detail: str = "") -> None:
         if self._lost:
             kind = EndKind.CAPTURE_LOST
+            self._chunks.clear()
+            self._offsets.clear()
         meta = END_META.pack(kind, time.monotonic_ns() - self._arrival)
-        self._handoff._send([KIND_END, self._key, meta, detail.encode(), *self._tail])
+        frames = [KIND_END, self._key, meta, detail.encode(), pack_offsets(self._offsets)]
+        self._handoff._send([*frames, *self._chunks])
+
+
+def pack_offsets(offsets: list[int]) -> bytes:
+    return struct.pack(f">{len(offsets)}Q", *offsets)
+
+
+def unpack_offsets(data: bytes) -> tuple[int, ...]:
+    return struct.unpack(f">{len(data) // 8}Q", data)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import re
 import signal
 import struct
@@ -196,7 +197,9 @@ class Worker:
         elif kind == hf.KIND_CHUNK:
             pending = self.pending.get(key)
             if pending is not None and pending.recorder is not None:
-                pending.recorder.feed(frames[3], hf.OFFSET.unpack(frames[2])[0])
+                feed = pending.recorder.feed
+                for data, offset in zip(frames[3:], hf.unpack_offsets(frames[2]), strict=True):
+                    feed(data, offset)
         elif kind == hf.KIND_HEAD:
             pending = self.pending.get(key)
             if pending is not None and pending.recorder is not None:
@@ -206,7 +209,12 @@ class Worker:
             pending = self.pending.pop(key, None)
             if pending is not None:
                 end, offset = hf.END_META.unpack(frames[2])
-                self.on_end(pending, EndKind(end), offset, frames[3].decode(), frames[4:])
+                chunks = frames[5:]
+                if pending.recorder is not None and end != EndKind.CAPTURE_LOST:
+                    feed = pending.recorder.feed
+                    for data, at in zip(chunks, hf.unpack_offsets(frames[4]), strict=True):
+                        feed(data, at)
+                self.on_end(pending, EndKind(end), offset, frames[3].decode(), chunks)
 
     def on_request(self, key: bytes, frames: list[bytes]) -> None:
         route_value, arrival_unix_ns, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack(
@@ -419,6 +427,8 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
     """The worker process's main: load, say ready (or why not), loop until SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s worker: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when to stop
+    if config.worker.nice:
+        os.nice(config.worker.nice)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
 
