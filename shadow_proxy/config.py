@@ -89,7 +89,7 @@ class WorkerOptions:
     #: hand-off is dropped (the ZeroMQ send high-water mark of the hand-off).
     handoff_capacity: int = 65536
     #: Requests the worker tracks at once (awaiting their response's end).
-    max_in_flight: int = 8192
+    max_in_flight: int = 4096
     #: Niceness added to the worker process: on a shared core the serving
     #: loop (and the frontend) win; the worker's lag shows as counted drops.
     nice: int = 5
@@ -345,7 +345,7 @@ class _Parser:
         s = self.section(root, "worker", "", {"handoff_capacity", "max_in_flight", "nice"})
         return WorkerOptions(
             handoff_capacity=self.get(s, "handoff_capacity", "worker.", int, 65536, _at_least_1),
-            max_in_flight=self.get(s, "max_in_flight", "worker.", int, 8192, _at_least_1),
+            max_in_flight=self.get(s, "max_in_flight", "worker.", int, 4096, _at_least_1),
             nice=self.get(s, "nice", "worker.", int, 5, _niceness),
         )
 

@@ -80,9 +80,12 @@ class Pending:
     route: Route
     request_id: str
     arrival_unix_ns: int
+    #: The preprocessed request, kept only while a joined tap needs it.
     pre: PreprocessedRequest | None
     joined: list[Tap]
     recorder: ResponseRecorder | None
+    model: str = ""
+    prompt_tokens: int = 0
     projections: dict[Any, dict] = attrs.field(factory=dict)
     #: The serving process's monotonic arrival stamp (CLOCK_MONOTONIC is
     #: system-wide), for offsets the worker itself must take.
@@ -234,7 +237,15 @@ class Worker:
             self.metrics.not_mirrored.labels(pre.reason).inc()
             return
         pending = Pending(
-            route, request_id, arrival_unix_ns, pre, [], None, arrival_mono_ns=arrival_mono_ns
+            route,
+            request_id,
+            arrival_unix_ns,
+            pre,
+            [],
+            None,
+            model=pre.model,
+            prompt_tokens=len(pre.token_ids),
+            arrival_mono_ns=arrival_mono_ns,
         )
         for tap in self.taps:
             if not self.takes(tap, pending):
@@ -254,6 +265,10 @@ class Worker:
                 max_token_ids_per_choice=None if None in caps else max(caps),
                 chunk_timing=any(o.chunk_timing for o in options),
             )
+        else:
+            # Only the prompt-token check waits for the end: keep the request slim.
+            pending.pre = None
+            pending.projections.clear()
         self.track(key, pending)
 
     def track(self, key: bytes, pending: Pending) -> None:
@@ -296,7 +311,7 @@ class Worker:
             return
         observed = pending.recorder.finish(end, offset, detail)
         pending.recorder = None
-        model = self.models[pending.pre.model]
+        model = self.models[pending.model]
         final = observed.finalize(
             model.encode, token_ids=any(t.config.response.tokens for t in pending.joined)
         )
@@ -317,9 +332,9 @@ class Worker:
     def check_prompt_tokens(self, pending: Pending, reported: Any) -> None:
         if type(reported) is not int:
             return
-        model = pending.pre.model
+        model = pending.model
         self.metrics.prompt_checks.labels(model).inc()
-        if reported != len(pending.pre.token_ids):
+        if reported != pending.prompt_tokens:
             self.metrics.prompt_mismatches.labels(model).inc()
 
     def check_prompt_tokens_in_tail(self, pending: Pending, tail: list[bytes]) -> None:
