@@ -88,6 +88,8 @@ class WorkerOptions:
     #: Messages the serving loop may have in flight to the tap worker before a
     #: hand-off is dropped (the ZeroMQ send high-water mark of the hand-off).
     handoff_capacity: int = 65536
+    #: Bytes the serving loop may have handed off and the worker not yet read.
+    handoff_max_bytes: int = 256 * MIB
     #: Requests the worker tracks at once (awaiting their response's end).
     max_in_flight: int = 4096
     #: Niceness added to the worker process: on a shared core the serving
@@ -342,9 +344,13 @@ class _Parser:
         )
 
     def worker(self, root: Mapping) -> WorkerOptions:
-        s = self.section(root, "worker", "", {"handoff_capacity", "max_in_flight", "nice"})
+        keys = {"handoff_capacity", "handoff_max_bytes", "max_in_flight", "nice"}
+        s = self.section(root, "worker", "", keys)
         return WorkerOptions(
             handoff_capacity=self.get(s, "handoff_capacity", "worker.", int, 65536, _at_least_1),
+            handoff_max_bytes=self.get(
+                s, "handoff_max_bytes", "worker.", int, 256 * MIB, _at_least_1
+            ),
             max_in_flight=self.get(s, "max_in_flight", "worker.", int, 4096, _at_least_1),
             nice=self.get(s, "nice", "worker.", int, 5, _niceness),
         )

@@ -6,6 +6,11 @@ mark is reached, ``zmq.Again`` is a dropped message, counted with a reason,
 and the serving loop goes on. Frames are built with ``struct`` and sent
 without copying the body (see docs/INTERNALS.md for the message table).
 
+ZeroMQ bounds messages, not bytes; the bytes are bounded here: the worker
+reports how many bytes it has read (every 50 ms while busy), and a message
+that would put more than ``max_bytes`` in flight is dropped and counted
+(``full``) instead of sent.
+
 The serving loop's cost per message is a few microseconds: no JSON, no
 tokenizer, no MessagePack; the worker does all of that in its own process.
 """
@@ -39,14 +44,28 @@ LINGER_MS = 500
 class Handoff:
     """The serving process's end of the channel to the tap worker."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, capacity: int, metrics: ProxyMetrics):
+    def __init__(
+        self,
+        context: zmq.Context,
+        endpoint: str,
+        capacity: int,
+        max_bytes: int,
+        metrics: ProxyMetrics,
+    ):
         self.endpoint = endpoint
+        self.max_bytes = max_bytes
+        #: Bytes sent, and bytes the worker says it has read (``progress``).
+        self._sent_bytes = 0
+        self.acked_bytes = 0
         self._socket = context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.SNDHWM, capacity)
         self._socket.setsockopt(zmq.LINGER, LINGER_MS)
         self._socket.bind(endpoint)
         self._metrics = metrics
-        self._dropped = metrics.handoff_dropped
+        dropped = metrics.handoff_dropped
+        self._dropped_full = dropped.labels("full")
+        self._dropped_dead = dropped.labels("worker_dead")
+        self._dropped_closed = dropped.labels("closed")
         self._next_key = 0
         #: Requests whose ``q`` message was lost: the worker adds these to each
         #: tap's dropped count (reason ``handoff_full``) and seq.
@@ -65,18 +84,30 @@ class Handoff:
             pass
         self._socket.close(linger=LINGER_MS)
 
-    def _send(self, frames: list[bytes], reason_if_lost: str = "full") -> bool:
+    def restarted(self) -> None:
+        """A new worker is ready: it starts from nothing (new publishers, seq 0)."""
+        self._lost_requests = 0
+        self._sent_bytes = 0
+        self.acked_bytes = 0
+        self.worker_alive = True
+
+    def _send(self, frames: list[bytes]) -> bool:
         if not self.worker_alive:
-            self._dropped.labels("worker_dead").inc()
+            self._dropped_dead.inc()
+            return False
+        size = sum(map(len, frames))
+        if self._sent_bytes - self.acked_bytes + size > self.max_bytes:
+            self._dropped_full.inc()
             return False
         try:
             self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self._dropped.labels(reason_if_lost).inc()
+            self._dropped_full.inc()
             return False
         except zmq.ZMQError:
-            self._dropped.labels("closed").inc()
+            self._dropped_closed.inc()
             return False
+        self._sent_bytes += size
         return True
 
     def open(self, route: Route, request_id: str, body: bytes, arrival_unix_ns: int,

@@ -61,6 +61,7 @@ class Taps:
             self.sync_context,
             self.handoff_endpoint,
             config.worker.handoff_capacity,
+            config.worker.handoff_max_bytes,
             metrics,
         )
         self.handoff.full_response = config.capture_response
@@ -110,7 +111,7 @@ class Taps:
             if process.is_alive():
                 process.kill()
             raise
-        self.handoff.worker_alive = True
+        self.handoff.restarted()
         log.info("tap worker ready (pid %d), %d tap(s)", process.pid, len(self.config.taps))
 
     async def _receive(self) -> dict:
@@ -140,8 +141,13 @@ class Taps:
                     await asyncio.sleep(1.0)
 
     def _apply(self, message: dict) -> None:
-        if message.get("kind") != "metrics":
+        kind = message.get("kind")
+        if kind == "progress":
+            self.handoff.acked_bytes = message["bytes"]
             return
+        if kind != "metrics":
+            return
+        self.handoff.acked_bytes = message.get("bytes", self.handoff.acked_bytes)
         families = []
         for name, kind, doc, samples in message.get("families", []):
             family = Metric(name, doc, kind)

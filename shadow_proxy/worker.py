@@ -57,6 +57,8 @@ BATCH = 512
 #: How long the loop sleeps when it has queued records it could not send.
 RETRY_MS = 5
 HEARTBEAT_S = 1.0
+#: How often the worker tells the serving loop how many hand-off bytes it read.
+PROGRESS_S = 0.05
 #: At shutdown, how long the worker waits for the serving loop's last message.
 LAST_MESSAGE_WAIT_S = 1.0
 #: How long the queues are drained at shutdown before what is left is lost.
@@ -453,11 +455,12 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
     control.setsockopt(zmq.SNDHWM, 16)
     control.connect(control_endpoint)
 
-    def say(kind: str, **fields: Any) -> None:
+    def say(kind: str, **fields: Any) -> bool:
         try:
             control.send(msgpack.packb({"kind": kind, **fields}), flags=zmq.NOBLOCK)
         except zmq.Again:
-            pass
+            return False
+        return True
 
     try:
         worker = Worker(config, _load_models(config), context)
@@ -477,22 +480,30 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
     next_beat = time.monotonic() + HEARTBEAT_S
+    next_progress = 0.0
+    received = reported = 0  # hand-off bytes read, and last said (the serving side's credit)
     waiting = False
     while not stop["now"]:
         timeout_ms = RETRY_MS if waiting else max(0, (next_beat - time.monotonic()) * 1000)
+        if reported != received:
+            timeout_ms = min(timeout_ms, PROGRESS_S * 1000)
         if poller.poll(timeout_ms):
             for _ in range(BATCH):
                 try:
                     frames = pull.recv_multipart(flags=zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                received += sum(map(len, frames))
                 _safely(worker.handle, frames)
         waiting = worker.pump()
         now = time.monotonic()
+        if received != reported and now >= next_progress and say("progress", bytes=received):
+            reported, next_progress = received, now + PROGRESS_S
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
             worker.heartbeat()
-            say("metrics", families=worker.metrics.snapshot(), taps=worker.listing())
+            families = worker.metrics.snapshot()
+            say("metrics", families=families, taps=worker.listing(), bytes=received)
 
     # Shutdown: what the serving loop sent before it stopped (up to its last
     # message, which may still be in transit), then the queues.

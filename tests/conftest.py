@@ -37,11 +37,11 @@ async def serve(app: web.Application, *, handler_cancellation: bool = True) -> A
     runner = web.AppRunner(
         app, handler_cancellation=handler_cancellation, access_log=None, shutdown_timeout=1.0
     )
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
