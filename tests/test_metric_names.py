@@ -70,11 +70,10 @@ def exported(model_dirs) -> set[str]:
                 }
                 async with s.post(url + "/v1/chat/completions", json=body) as r:
                     await r.read()
+                published = {"tap": "replay"}
                 await wait_for(
-                    lambda: registry.get_sample_value(
-                        "shadow_tap_published_total", {"tap": "replay"}
-                    ),
-                    timeout=10,
+                    lambda: registry.get_sample_value("shadow_tap_published_total", published),
+                    timeout=30,
                 )
                 async with s.get(url + "/metrics") as r:
                     return await r.text()
