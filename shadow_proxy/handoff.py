@@ -31,14 +31,42 @@ KIND_CHUNK = b"c"
 KIND_END = b"e"
 KIND_LAST = b"z"
 
+# The first frame of every message: kind (1 byte), key (u64), then the kind's meta.
 KEY = struct.Struct(">Q")
 REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
 HEAD_META = struct.Struct(">HQ")  # status, offset_ns
 END_META = struct.Struct(">BQ")  # end kind, offset_ns
+HEADER = 1 + KEY.size
 
 #: Linger at close: what is still queued after this is lost (the worker is
 #: stopping too).
 LINGER_MS = 500
+_MORE = zmq.NOBLOCK | zmq.SNDMORE  # ints: pyzmq's enum arithmetic costs per frame
+_LAST = zmq.NOBLOCK
+
+
+def split_header(frame: bytes) -> tuple[bytes, bytes, bytes]:
+    """The kind, the key and the meta of a message's first frame."""
+    return frame[:1], frame[1:HEADER], frame[HEADER:]
+
+
+def pack_chunks(offsets: list[int], chunks: list[bytes]) -> tuple[bytes, bytes]:
+    """An index (n offsets as u64, then n lengths as u32) and the chunks joined."""
+    n = len(chunks)
+    index = struct.pack(f">{n}Q{n}I", *offsets, *map(len, chunks))
+    return index, b"".join(chunks)
+
+
+def unpack_chunks(index: bytes, data: bytes) -> list[tuple[bytes, int]]:
+    """``(chunk, offset_ns)`` pairs from ``pack_chunks``'s two frames."""
+    n = len(index) // 12
+    values = struct.unpack(f">{n}Q{n}I", index)
+    pairs, start = [], 0
+    view = memoryview(data)
+    for offset, length in zip(values[:n], values[n:], strict=True):
+        pairs.append((bytes(view[start : start + length]), offset))
+        start += length
+    return pairs
 
 
 class Handoff:
@@ -79,7 +107,7 @@ class Handoff:
         """Send the last message (``KIND_LAST``: nothing follows it on this
         pipe, so the worker knows it has read everything), then close."""
         try:
-            self._socket.send_multipart([KIND_LAST, KEY.pack(0)], flags=zmq.NOBLOCK)
+            self._socket.send(KIND_LAST + KEY.pack(0), flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
         self._socket.close(linger=LINGER_MS)
@@ -99,8 +127,12 @@ class Handoff:
         if self._sent_bytes - self.acked_bytes + size > self.max_bytes:
             self._dropped_full.inc()
             return False
+        send = self._socket.send
         try:
-            self._socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            # The first part decides (HWM); the rest of a multipart message follows.
+            for frame in frames[:-1]:
+                send(frame, _MORE, copy=False)
+            send(frames[-1], _LAST, copy=False)
         except zmq.Again:
             self._dropped_full.inc()
             return False
@@ -117,7 +149,7 @@ class Handoff:
         key = KEY.pack(self._next_key)
         self._next_key += 1
         meta = REQUEST_META.pack(route, arrival_unix_ns, arrival_mono_ns, self._lost_requests)
-        if self._send([KIND_REQUEST, key, meta, request_id.encode(), body]):
+        if self._send([KIND_REQUEST + key + meta, request_id.encode(), body]):
             return Capture(self, key, arrival_mono_ns, self.full_response)
         self._lost_requests += 1
         return None
@@ -161,7 +193,7 @@ class Capture:
         if self._lost:
             return
         meta = HEAD_META.pack(status, time.monotonic_ns() - self._arrival)
-        frames = [KIND_HEAD, self._key, meta, content_type.encode(), content_encoding.encode()]
+        frames = [KIND_HEAD + self._key + meta, content_type.encode(), content_encoding.encode()]
         self._lost = not self._handoff._send(frames)
 
     def chunk(self, data: bytes) -> None:
@@ -176,8 +208,8 @@ class Capture:
             return
         self._bytes += len(data)
         if len(chunks) >= self.BATCH_CHUNKS or self._bytes >= self.BATCH_BYTES:
-            frames = [KIND_CHUNK, self._key, pack_offsets(offsets), *chunks]
-            self._lost = not self._handoff._send(frames)
+            index, data = pack_chunks(offsets, chunks)
+            self._lost = not self._handoff._send([KIND_CHUNK + self._key, index, data])
             chunks.clear()
             offsets.clear()
             self._bytes = 0
@@ -188,13 +220,5 @@ class Capture:
             self._chunks.clear()
             self._offsets.clear()
         meta = END_META.pack(kind, time.monotonic_ns() - self._arrival)
-        frames = [KIND_END, self._key, meta, detail.encode(), pack_offsets(self._offsets)]
-        self._handoff._send([*frames, *self._chunks])
-
-
-def pack_offsets(offsets: list[int]) -> bytes:
-    return struct.pack(f">{len(offsets)}Q", *offsets)
-
-
-def unpack_offsets(data: bytes) -> tuple[int, ...]:
-    return struct.unpack(f">{len(data) // 8}Q", data)
+        index, data = pack_chunks(self._offsets, self._chunks)
+        self._handoff._send([KIND_END + self._key + meta, detail.encode(), index, data])

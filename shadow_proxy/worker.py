@@ -196,44 +196,43 @@ class Worker:
     # -- hand-off messages -------------------------------------------------------
 
     def handle(self, frames: list[bytes]) -> None:
-        kind, key = frames[0], frames[1]
+        kind, key, meta = hf.split_header(frames[0])
         if kind == hf.KIND_REQUEST:
-            self.on_request(key, frames)
+            self.on_request(key, meta, frames)
         elif kind == hf.KIND_CHUNK:
             pending = self.pending.get(key)
             if pending is not None and pending.recorder is not None:
                 feed = pending.recorder.feed
-                for data, offset in zip(frames[3:], hf.unpack_offsets(frames[2]), strict=True):
+                for data, offset in hf.unpack_chunks(frames[1], frames[2]):
                     feed(data, offset)
         elif kind == hf.KIND_HEAD:
             pending = self.pending.get(key)
             if pending is not None and pending.recorder is not None:
-                status, offset = hf.HEAD_META.unpack(frames[2])
-                pending.recorder.head(status, frames[3].decode(), frames[4].decode(), offset)
+                status, offset = hf.HEAD_META.unpack(meta)
+                pending.recorder.head(status, frames[1].decode(), frames[2].decode(), offset)
         elif kind == hf.KIND_END:
             pending = self.pending.pop(key, None)
             if pending is not None:
-                end, offset = hf.END_META.unpack(frames[2])
-                chunks = frames[5:]
+                end, offset = hf.END_META.unpack(meta)
+                pairs = hf.unpack_chunks(frames[2], frames[3])
                 if pending.recorder is not None and end != EndKind.CAPTURE_LOST:
                     feed = pending.recorder.feed
-                    for data, at in zip(chunks, hf.unpack_offsets(frames[4]), strict=True):
+                    for data, at in pairs:
                         feed(data, at)
-                self.on_end(pending, EndKind(end), offset, frames[3].decode(), chunks)
+                tail = [data for data, _ in pairs]
+                self.on_end(pending, EndKind(end), offset, frames[1].decode(), tail)
 
-    def on_request(self, key: bytes, frames: list[bytes]) -> None:
-        route_value, arrival_unix_ns, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack(
-            frames[2]
-        )
+    def on_request(self, key: bytes, meta: bytes, frames: list[bytes]) -> None:
+        route_value, arrival_unix_ns, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack(meta)
         if lost_before > self.lost_seen:
             # Requests the serving loop could not hand over: every tap loses them.
             for tap in self.taps:
                 tap.queue.drop("handoff_full", lost_before - self.lost_seen)
             self.lost_seen = lost_before
         route = Route(route_value)
-        request_id = frames[3].decode("utf-8", "replace")
+        request_id = frames[1].decode("utf-8", "replace")
         started = time.perf_counter()
-        pre = self.preprocessor.preprocess(route, frames[4], arrival_unix_ns)
+        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns)
         self.metrics.preprocess_seconds.labels(route.label).observe(time.perf_counter() - started)
         if not isinstance(pre, PreprocessedRequest):
             self.metrics.not_mirrored.labels(pre.reason).inc()
@@ -512,7 +511,7 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
         if not pull.poll(50):
             continue
         frames = pull.recv_multipart()
-        if frames[0] == hf.KIND_LAST:
+        if frames[0][:1] == hf.KIND_LAST:
             break
         _safely(worker.handle, frames)
     worker.finish_pending()
