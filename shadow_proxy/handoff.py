@@ -26,7 +26,6 @@ from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.metrics import ProxyMetrics
 
 KIND_REQUEST = b"q"
-KIND_HEAD = b"h"
 KIND_CHUNK = b"c"
 KIND_END = b"e"
 KIND_LAST = b"z"
@@ -34,7 +33,7 @@ KIND_LAST = b"z"
 # The first frame of every message: kind (1 byte), key (u64), then the kind's meta.
 KEY = struct.Struct(">Q")
 REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
-HEAD_META = struct.Struct(">HQ")  # status, offset_ns
+HEAD_META = struct.Struct(">HQ")  # status, offset_ns; then content-type \n content-encoding
 END_META = struct.Struct(">BQ")  # end kind, offset_ns
 HEADER = 1 + KEY.size
 
@@ -48,6 +47,15 @@ _LAST = zmq.NOBLOCK
 def split_header(frame: bytes) -> tuple[bytes, bytes, bytes]:
     """The kind, the key and the meta of a message's first frame."""
     return frame[:1], frame[1:HEADER], frame[HEADER:]
+
+
+def unpack_head(frame: bytes) -> tuple[int, int, str, str] | None:
+    """Status, offset, content-type and content-encoding from a head frame (or None)."""
+    if not frame:
+        return None
+    status, offset = HEAD_META.unpack_from(frame)
+    content_type, _, content_encoding = frame[HEAD_META.size :].decode("latin-1").partition("\n")
+    return status, offset, content_type, content_encoding
 
 
 def pack_chunks(offsets: list[int], chunks: list[bytes]) -> tuple[bytes, bytes]:
@@ -166,8 +174,9 @@ class Capture:
     Chunks are batched: the capture keeps references to at most
     ``BATCH_CHUNKS`` chunks or ``BATCH_BYTES`` bytes (each with the monotonic
     offset at which it was written to the client), then sends them as one
-    message; the end message carries the rest. A short stream costs three
-    messages (request, head, end) instead of one per chunk.
+    message; the end message carries the rest. The response head (status,
+    content type and encoding) travels with the first of these. A short
+    stream costs two messages (request, end) instead of one per chunk.
 
     Without joined taps (``full`` false) no chunk is sent: the capture keeps the
     last ``TAIL_CHUNKS`` chunks and sends them with the end, which is where a
@@ -177,7 +186,9 @@ class Capture:
     TAIL_CHUNKS = 2
     BATCH_CHUNKS = 32
     BATCH_BYTES = 64 * 1024
-    __slots__ = ("_arrival", "_bytes", "_chunks", "_full", "_handoff", "_key", "_lost", "_offsets")
+    __slots__ = (
+        "_arrival", "_bytes", "_chunks", "_full", "_handoff", "_head", "_key", "_lost", "_offsets",
+    )  # fmt: skip
 
     def __init__(self, handoff: Handoff, key: bytes, arrival_mono_ns: int, full: bool):
         self._handoff = handoff
@@ -188,13 +199,12 @@ class Capture:
         self._chunks: list[bytes] = []
         self._offsets: list[int] = []
         self._bytes = 0
+        self._head = b""
 
     def head(self, status: int, content_type: str, content_encoding: str) -> None:
-        if self._lost:
-            return
+        """The response started; sent with the next chunk batch or the end."""
         meta = HEAD_META.pack(status, time.monotonic_ns() - self._arrival)
-        frames = [KIND_HEAD + self._key + meta, content_type.encode(), content_encoding.encode()]
-        self._lost = not self._handoff._send(frames)
+        self._head = meta + f"{content_type}\n{content_encoding}".encode("latin-1", "replace")
 
     def chunk(self, data: bytes) -> None:
         if self._lost:
@@ -209,7 +219,9 @@ class Capture:
         self._bytes += len(data)
         if len(chunks) >= self.BATCH_CHUNKS or self._bytes >= self.BATCH_BYTES:
             index, data = pack_chunks(offsets, chunks)
-            self._lost = not self._handoff._send([KIND_CHUNK + self._key, index, data])
+            frames = [KIND_CHUNK + self._key, self._head, index, data]
+            self._lost = not self._handoff._send(frames)
+            self._head = b""
             chunks.clear()
             offsets.clear()
             self._bytes = 0
@@ -221,4 +233,5 @@ class Capture:
             self._offsets.clear()
         meta = END_META.pack(kind, time.monotonic_ns() - self._arrival)
         index, data = pack_chunks(self._offsets, self._chunks)
-        self._handoff._send([KIND_END + self._key + meta, detail.encode(), index, data])
+        frames = [KIND_END + self._key + meta, self._head, detail.encode(), index, data]
+        self._handoff._send(frames)

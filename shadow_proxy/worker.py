@@ -202,25 +202,25 @@ class Worker:
         elif kind == hf.KIND_CHUNK:
             pending = self.pending.get(key)
             if pending is not None and pending.recorder is not None:
-                feed = pending.recorder.feed
-                for data, offset in hf.unpack_chunks(frames[1], frames[2]):
-                    feed(data, offset)
-        elif kind == hf.KIND_HEAD:
-            pending = self.pending.get(key)
-            if pending is not None and pending.recorder is not None:
-                status, offset = hf.HEAD_META.unpack(meta)
-                pending.recorder.head(status, frames[1].decode(), frames[2].decode(), offset)
+                self.feed(pending.recorder, frames[1], hf.unpack_chunks(frames[2], frames[3]))
         elif kind == hf.KIND_END:
             pending = self.pending.pop(key, None)
             if pending is not None:
                 end, offset = hf.END_META.unpack(meta)
-                pairs = hf.unpack_chunks(frames[2], frames[3])
+                pairs = hf.unpack_chunks(frames[3], frames[4])
                 if pending.recorder is not None and end != EndKind.CAPTURE_LOST:
-                    feed = pending.recorder.feed
-                    for data, at in pairs:
-                        feed(data, at)
+                    self.feed(pending.recorder, frames[1], pairs)
                 tail = [data for data, _ in pairs]
-                self.on_end(pending, EndKind(end), offset, frames[1].decode(), tail)
+                self.on_end(pending, EndKind(end), offset, frames[2].decode(), tail)
+
+    @staticmethod
+    def feed(recorder: ResponseRecorder, head: bytes, pairs: list[tuple[bytes, int]]) -> None:
+        """The response head (if this message carries it), then the chunks."""
+        started = hf.unpack_head(head)
+        if started is not None:
+            recorder.head(*_head_args(started))
+        for data, offset in pairs:
+            recorder.feed(data, offset)
 
     def on_request(self, key: bytes, meta: bytes, frames: list[bytes]) -> None:
         route_value, arrival_unix_ns, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack(meta)
@@ -526,6 +526,11 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
     control.close(linger=1000)
     context.term()
     return 0
+
+
+def _head_args(head: tuple[int, int, str, str]) -> tuple[int, str, str, int]:
+    status, offset, content_type, content_encoding = head
+    return status, content_type, content_encoding, offset
 
 
 def _safely(handle, frames: list[bytes]) -> None:
