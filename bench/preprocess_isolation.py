@@ -109,11 +109,13 @@ def lag_quantiles(metrics_text: str) -> tuple[float, float, int]:
             buckets.append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
     buckets.sort()
     total = buckets[-1][1] if buckets else 0
+
     def q(p: float) -> float:
         for le, count in buckets:
             if count >= p * total:
                 return le * 1000
         return float("nan")
+
     return q(0.5), q(0.99), int(total)
 
 
@@ -179,8 +181,10 @@ async def main_async(args: argparse.Namespace) -> int:
                     p.wait()
     print(f"Serving-loop lag, prompts of {args.isl} tokens, {args.requests} streaming requests, "
           f"concurrency {args.concurrency}, built-in frontend:\n")  # fmt: skip
-    print("| preprocessing | loop lag p50 ms | loop lag p99 ms | req/s | TTFT p50 ms "
-          "| TTFT p99 ms | errors |")
+    print(
+        "| preprocessing | loop lag p50 ms | loop lag p99 ms | req/s | TTFT p50 ms "
+        "| TTFT p99 ms | errors |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     names = {"worker": "in the tap worker process (shipped)", "inline": "on the serving loop"}
     for case, r in results.items():

@@ -652,7 +652,7 @@ def _fmt_cpu(cpu: dict[str, float]) -> str:
 async def profile_case(frontend: Frontend, scratch: Path, spec: LoadSpec, isolate: bool):
     """One unmeasured run of ``taps`` with py-spy on the serving process and the worker."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(py_spy).exists():  # noqa: ASYNC240 (a stat, once)
+    if not Path(py_spy).exists():
         return {"error": "py-spy not installed (pip install py-spy)"}
     setup = Setup("taps", frontend, scratch, isolate)
     spies = {}
@@ -660,7 +660,7 @@ async def profile_case(frontend: Frontend, scratch: Path, spec: LoadSpec, isolat
         await run_load(_with(spec, url=setup.url, requests=100))
         for role in ("proxy", "worker"):
             out = scratch / f"pyspy-{role}.txt"
-            spies[role] = (out, subprocess.Popen(  # noqa: ASYNC220 (py-spy runs beside the load)
+            spies[role] = (out, subprocess.Popen(
                 [py_spy, "record", "--nonblocking", "--rate", "200", "--format", "raw",
                  "--output", str(out), "--pid", str(setup.pids[role])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -785,7 +785,7 @@ class TestStalledConsumer:
             )
             proxy = start_proxy(tmp_path, config_path)
             out = tmp_path / "subscriber.txt"
-            subscriber = subprocess.Popen(  # noqa: ASYNC220 (starts at once, no wait)
+            subscriber = subprocess.Popen(
                 [sys.executable, "-c", SUBSCRIBER, endpoint, topic, str(out)], cwd=ROOT
             )
             try:
