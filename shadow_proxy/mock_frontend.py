@@ -39,16 +39,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
 import jinja2
 from aiohttp import web
-from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from shadow_proxy.tokenizer import template_environment
 
 log = logging.getLogger(__name__)
 
@@ -179,37 +178,11 @@ NO_FAULTS = Faults()
 # --------------------------------------------------------------------------- models
 
 
-def _tojson(
-    value: object,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
 def compile_chat_template(source: str) -> jinja2.Template:
     """Compile a chat template in the environment Hugging Face renders it in
-    (sandboxed, trim and lstrip blocks, loop controls, a ``tojson`` that keeps
-    non-ASCII, ``raise_exception`` and ``strftime_now``)."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    (the proxy's own: sandboxed, trim and lstrip blocks, loop controls, a
+    ``tojson`` that keeps non-ASCII, ``raise_exception`` and ``strftime_now``)."""
+    return template_environment().from_string(source)
 
 
 def _context_length(directory: Path) -> int | None:
