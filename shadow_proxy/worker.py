@@ -25,8 +25,9 @@ import logging
 import os
 import re
 import signal
-import struct
 import time
+import traceback
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -124,6 +125,12 @@ class WorkerMetrics(Collector):
             "shadow_prompt_token_mismatches",
             "Responses whose usage.prompt_tokens differs from the rebuilt prompt length.",
             ["model"],
+            registry=self.registry,
+        )
+        self.failures = Counter(
+            "shadow_worker_failures",
+            "Hand-off messages the worker could not process, by exception type (a bug).",
+            ["exception"],
             registry=self.registry,
         )
         self.evicted = Counter(
@@ -493,7 +500,7 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
                 except zmq.Again:
                     break
                 received += sum(map(len, frames))
-                _safely(worker.handle, frames)
+                _safely(worker, frames)
         waiting = worker.pump()
         now = time.monotonic()
         if received != reported and now >= next_progress and say("progress", bytes=received):
@@ -513,7 +520,7 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
         frames = pull.recv_multipart()
         if frames[0][:1] == hf.KIND_LAST:
             break
-        _safely(worker.handle, frames)
+        _safely(worker, frames)
     worker.finish_pending()
     lost = worker.drain(DRAIN_S)
     worker.heartbeat()
@@ -533,11 +540,20 @@ def _head_args(head: tuple[int, int, str, str]) -> tuple[int, str, str, int]:
     return status, content_type, content_encoding, offset
 
 
-def _safely(handle, frames: list[bytes]) -> None:
-    """A malformed message or a bug in one record costs that record only."""
+def _safely(worker: Worker, frames: list[bytes]) -> None:
+    """A malformed message or a bug in one record costs that record only. The
+    log line names the exception type and where it was raised, never its
+    message (which could quote client text)."""
     try:
-        handle(frames)
-    except (IndexError, ValueError, struct.error, UnicodeDecodeError, KeyError) as e:
-        log.error("hand-off message dropped: %s", type(e).__name__)
+        worker.handle(frames)
     except Exception as e:  # a bug in a record's building must not stop the worker
-        log.exception("record building failed: %s", type(e).__name__)
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        kind = type(e)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
+        worker.metrics.failures.labels(name).inc()
+        log.error("hand-off message dropped: %s at %s", name, where)

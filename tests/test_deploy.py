@@ -70,6 +70,7 @@ EXPORTED: dict[str, tuple[str, frozenset[str]]] = {
     "shadow_prompt_token_checks": ("counter", frozenset({"model"})),
     "shadow_not_mirrored": ("counter", frozenset({"reason"})),
     "shadow_worker_evicted": ("counter", frozenset()),
+    "shadow_worker_failures": ("counter", frozenset({"exception"})),
     "shadow_worker_record_ttft_seconds": ("histogram", frozenset()),
 }
 #: Labels Prometheus adds to every series (target labels) or to buckets.
