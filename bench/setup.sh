@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Set-up for `make bench` (idempotent): nginx (the C reference proxy) and
 # taskset from Debian's packages when missing, and the Dynamo frontend + mocker
-# (scripts/install-dynamo.sh) when the bench is asked for --frontend dynamo|both.
+# (scripts/install-dynamo.sh) when the bench is asked for --frontend dynamo|both,
+# and py-spy into .venv for --profile.
 # Takes the bench's own arguments and looks only at --frontend.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 frontend=builtin
+profile=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
+    --profile) profile=1; shift ;;
     --frontend) frontend="${2:-builtin}"; shift 2 || shift ;;
     --frontend=*) frontend="${1#--frontend=}"; shift ;;
     *) shift ;;
@@ -24,6 +27,11 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   echo "bench/setup.sh: installing ${missing[*]} with apt-get"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [[ $profile -eq 1 ]] && [[ ! -x "$ROOT/.venv/bin/py-spy" ]]; then
+  echo "bench/setup.sh: installing py-spy (sampling profiler) into .venv"
+  "$ROOT/.venv/bin/python" -m pip install --quiet "py-spy>=0.3,<1"
 fi
 
 if [[ "$frontend" == dynamo || "$frontend" == both ]]; then
