@@ -97,7 +97,6 @@ class Handoff:
         self._socket.setsockopt(zmq.SNDHWM, capacity)
         self._socket.setsockopt(zmq.LINGER, LINGER_MS)
         self._socket.bind(endpoint)
-        self._metrics = metrics
         dropped = metrics.handoff_dropped
         self._dropped_full = dropped.labels("full")
         self._dropped_dead = dropped.labels("worker_dead")

@@ -65,7 +65,6 @@ class Result:
     ttft_s: float | None = None
     e2e_s: float = 0.0
     usage: dict[str, Any] | None = None
-    body_bytes: int = 0
 
     @property
     def ok(self) -> bool:
@@ -176,7 +175,6 @@ async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body:
                 chunks.append(await response.read())
                 result.ttft_s = time.perf_counter() - started
             data = b"".join(chunks)
-            result.body_bytes = len(data)
             if not result.cancelled and response.status == 200:
                 if spec.stream:
                     result.usage = _usage_from_sse(data)

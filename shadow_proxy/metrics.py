@@ -56,6 +56,13 @@ class ProxyMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ProxyMetrics:
+        metrics = cls._create(registry)
+        for kind in UPSTREAM_ERROR_KINDS:  # series exist (at 0) before the first error
+            metrics.upstream_errors.labels(kind)
+        return metrics
+
+    @classmethod
+    def _create(cls, registry: CollectorRegistry) -> ProxyMetrics:
         return cls(
             registry=registry,
             requests=Counter(

@@ -60,7 +60,6 @@ OUTPUT_SENTENCE = "The quick brown fox jumps over the lazy dog, and the shadow k
 #: Bound of the per-model prompt-count cache (entries are rendered prompt texts).
 PROMPT_CACHE_SIZE = 1024
 MAX_CHOICES = 128
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 ERROR_EVENT = (
     b'data: {"error": {"message": "worker died", "type": "internal_error", "code": 500}}\n\n'
 )

@@ -192,13 +192,10 @@ class Worker:
         self.models = models
         self.preprocessor = Preprocessor(models)
         self.taps = [Tap(c, q := TapQueue(c), Publisher(context, q)) for c in config.taps]
-        self.request_taps = [t for t in self.taps if not t.config.joined]
-        self.joined_taps = [t for t in self.taps if t.config.joined]
         self.metrics = WorkerMetrics(self.taps)
         self.pending: collections.OrderedDict[bytes, Pending] = collections.OrderedDict()
         self.max_in_flight = config.worker.max_in_flight
         self.lost_seen = 0
-        self.stopping = False
 
     # -- hand-off messages -------------------------------------------------------
 
