@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $@
 
 $(MODELS): $(STAMP) shadow_proxy/modeldirs.py
-	$(PY) -m shadow_proxy.modeldirs .models
+	$(PY) -m shadow_proxy.devtools.modeldirs .models
 
 models: $(MODELS)
 

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import zmq
 
-from shadow_proxy import consumer, records, wire
-from shadow_proxy.consumer import Accounts, SeqTracker
+from shadow_proxy.consumer import main as consumer
+from shadow_proxy.consumer.main import Accounts, SeqTracker
+from shadow_proxy.records import envelope as records
+from shadow_proxy.records import wire
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "shadow-requests-a"
@@ -320,7 +322,7 @@ class TestRunner:
         with publisher() as (sock, endpoint):
             proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "shadow_proxy.consumer", "--endpoint", endpoint),
+                    *(sys.executable, "-m", "shadow_proxy.consumer.main", "--endpoint", endpoint),
                     *("--topic", TOPIC, "--interval", "0.05", "--summary-path", str(summary_path)),
                 ],
                 cwd=ROOT,

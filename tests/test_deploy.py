@@ -623,8 +623,8 @@ class TestMetricNames:
         try:
             from prometheus_client import CollectorRegistry
 
-            from shadow_proxy.metrics import ProxyMetrics
-            from shadow_proxy.worker import WorkerMetrics
+            from shadow_proxy.serving.metrics import ProxyMetrics
+            from shadow_proxy.worker.metrics import WorkerMetrics
         except ImportError as e:
             pytest.skip(f"shadow_proxy metrics cannot be imported: {e}")
         registry = CollectorRegistry()

@@ -16,8 +16,8 @@ import time
 
 import zmq
 
-from shadow_proxy.tap import TapQueue
-from shadow_proxy.wire import Heartbeat, encode_frames, heartbeat_topic, new_publisher_id
+from shadow_proxy.records.wire import Heartbeat, encode_frames, heartbeat_topic, new_publisher_id
+from shadow_proxy.worker.tap_queue import TapQueue
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,6 @@ class Publisher:
         self.publisher_id = new_publisher_id()
         self.next_transport_sequence = 0
         self.heartbeats_sent = 0
-        self.published = 0
-        self.publish_errors = 0
         self.socket = context.socket(zmq.XPUB)
         self.socket.setsockopt(zmq.SNDHWM, config.capacity)
         self.socket.setsockopt(zmq.RCVHWM, 1000)
@@ -62,12 +60,12 @@ class Publisher:
                 return True
             except zmq.ZMQError as e:
                 items.popleft()
-                self.publish_errors += 1
+                self.queue.publish_errors += 1
                 log.warning("tap %s: publish failed: %s", self.queue.name, e.strerror)
                 continue
             items.popleft()
             self.next_transport_sequence += 1
-            self.published += 1
+            self.queue.published += 1
         self.drain_subscriptions()
         return False
 
@@ -90,9 +88,9 @@ class Publisher:
             next_seq=queue.next_seq,
             last_transport_sequence=last,
             queued=queue.queued,
-            published=self.published,
+            published=queue.published,
             dropped={k: v for k, v in queue.dropped.items() if v},
-            publish_errors=self.publish_errors,
+            publish_errors=queue.publish_errors,
         ).encode()
         frames = encode_frames(
             self.heartbeat_topic,

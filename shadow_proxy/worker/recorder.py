@@ -66,7 +66,7 @@ from typing import Any
 import attrs
 
 from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
+from shadow_proxy.worker.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from shadow_proxy.preprocessed import PreprocessedRequest
+from shadow_proxy.records.preprocessed import PreprocessedRequest
 
 STRIP_WORKER_PINS = "strip-worker-pins"
 KEEP_WORKER_PINS = "keep-worker-pins"

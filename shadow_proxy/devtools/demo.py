@@ -4,7 +4,7 @@ One run starts, each as its own process, the built-in frontend (unless
 ``--frontend URL`` names a running one), the proxy with the two taps of the
 reference deployment (``deploy/kubernetes/base/configmap.yaml``) and one
 consumer per tap; then it sends the load from this process
-(``shadow_proxy.loadgen``), waits until every record has reached its consumer,
+(``shadow_proxy.devtools.loadgen``), waits until every record has reached its consumer,
 stops every process with SIGTERM and prints one table: what the clients saw,
 what the proxy's ``/metrics`` say and each consumer's totals.
 
@@ -44,7 +44,7 @@ import aiohttp
 import attrs
 import yaml
 
-from shadow_proxy.loadgen import LoadSpec, Report, make_body, run_load
+from shadow_proxy.devtools.loadgen import LoadSpec, Report, make_body, run_load
 
 #: The taps of the reference deployment (deploy/kubernetes/base/configmap.yaml).
 REFERENCE_TAPS: tuple[dict[str, Any], ...] = (

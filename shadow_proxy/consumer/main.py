@@ -43,7 +43,8 @@ from typing import Any, TextIO
 
 import attrs
 
-from shadow_proxy import records, wire
+from shadow_proxy.records import envelope as records
+from shadow_proxy.records import wire
 
 DEFAULT_GRACE_S = 2.0
 DEFAULT_MAX_HOLES = 4096

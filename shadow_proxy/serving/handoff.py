@@ -3,8 +3,8 @@
 One ZeroMQ PUSH socket, bound on an ``ipc://`` path; the worker connects a PULL
 socket. Every send is ``NOBLOCK``: when the worker lags and the high-water
 mark is reached, ``zmq.Again`` is a dropped message, counted with a reason,
-and the serving loop goes on. Frames are built with ``struct`` and sent
-without copying the body (see docs/INTERNALS.md for the message table).
+and the serving loop goes on. Frames are built by ``channel.frames`` and
+sent without copying the body (see docs/INTERNALS.md for the message table).
 
 ZeroMQ bounds messages, not bytes; the bytes are bounded here: the worker
 reports how many bytes it has read (every 50 ms while busy), and a message
@@ -17,64 +17,19 @@ tokenizer, no MessagePack; the worker does all of that in its own process.
 
 from __future__ import annotations
 
-import struct
 import time
 
 import zmq
 
+from shadow_proxy.channel import frames as hf
 from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.metrics import ProxyMetrics
-
-KIND_REQUEST = b"q"
-KIND_CHUNK = b"c"
-KIND_END = b"e"
-KIND_LAST = b"z"
-
-# The first frame of every message: kind (1 byte), key (u64), then the kind's meta.
-KEY = struct.Struct(">Q")
-REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
-HEAD_META = struct.Struct(">HQ")  # status, offset_ns; then content-type \n content-encoding
-END_META = struct.Struct(">BQ")  # end kind, offset_ns
-HEADER = 1 + KEY.size
+from shadow_proxy.serving.metrics import ProxyMetrics
 
 #: Linger at close: what is still queued after this is lost (the worker is
 #: stopping too).
 LINGER_MS = 500
 _MORE = zmq.NOBLOCK | zmq.SNDMORE  # ints: pyzmq's enum arithmetic costs per frame
 _LAST = zmq.NOBLOCK
-
-
-def split_header(frame: bytes) -> tuple[bytes, bytes, bytes]:
-    """The kind, the key and the meta of a message's first frame."""
-    return frame[:1], frame[1:HEADER], frame[HEADER:]
-
-
-def unpack_head(frame: bytes) -> tuple[int, int, str, str] | None:
-    """Status, offset, content-type and content-encoding from a head frame (or None)."""
-    if not frame:
-        return None
-    status, offset = HEAD_META.unpack_from(frame)
-    content_type, _, content_encoding = frame[HEAD_META.size :].decode("latin-1").partition("\n")
-    return status, offset, content_type, content_encoding
-
-
-def pack_chunks(offsets: list[int], chunks: list[bytes]) -> tuple[bytes, bytes]:
-    """An index (n offsets as u64, then n lengths as u32) and the chunks joined."""
-    n = len(chunks)
-    index = struct.pack(f">{n}Q{n}I", *offsets, *map(len, chunks))
-    return index, b"".join(chunks)
-
-
-def unpack_chunks(index: bytes, data: bytes) -> list[tuple[bytes, int]]:
-    """``(chunk, offset_ns)`` pairs from ``pack_chunks``'s two frames."""
-    n = len(index) // 12
-    values = struct.unpack(f">{n}Q{n}I", index)
-    pairs, start = [], 0
-    view = memoryview(data)
-    for offset, length in zip(values[:n], values[n:], strict=True):
-        pairs.append((bytes(view[start : start + length]), offset))
-        start += length
-    return pairs
 
 
 class Handoff:
@@ -111,10 +66,10 @@ class Handoff:
         self.full_response = True
 
     def close(self) -> None:
-        """Send the last message (``KIND_LAST``: nothing follows it on this
-        pipe, so the worker knows it has read everything), then close."""
+        """Send the last message (``frames.LAST_MESSAGE``: nothing follows it on
+        this pipe, so the worker knows it has read everything), then close."""
         try:
-            self._socket.send(KIND_LAST + KEY.pack(0), flags=zmq.NOBLOCK)
+            self._socket.send(hf.LAST_MESSAGE, flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
         self._socket.close(linger=LINGER_MS)
@@ -153,10 +108,10 @@ class Handoff:
              arrival_mono_ns: int) -> Capture | None:  # fmt: skip
         """Hand a request to the worker; returns the capture for its response,
         or None when the request could not be handed over (counted)."""
-        key = KEY.pack(self._next_key)
+        key = hf.KEY.pack(self._next_key)
         self._next_key += 1
-        meta = REQUEST_META.pack(route, arrival_unix_ns, arrival_mono_ns, self._lost_requests)
-        if self._send([KIND_REQUEST + key + meta, request_id.encode(), body]):
+        meta = hf.REQUEST_META.pack(route, arrival_unix_ns, arrival_mono_ns, self._lost_requests)
+        if self._send([hf.KIND_REQUEST + key + meta, request_id.encode(), body]):
             return Capture(self, key, arrival_mono_ns, self.full_response)
         self._lost_requests += 1
         return None
@@ -202,8 +157,8 @@ class Capture:
 
     def head(self, status: int, content_type: str, content_encoding: str) -> None:
         """The response started; sent with the next chunk batch or the end."""
-        meta = HEAD_META.pack(status, time.monotonic_ns() - self._arrival)
-        self._head = meta + f"{content_type}\n{content_encoding}".encode("latin-1", "replace")
+        offset = time.monotonic_ns() - self._arrival
+        self._head = hf.pack_head(status, offset, content_type, content_encoding)
 
     def chunk(self, data: bytes) -> None:
         if self._lost:
@@ -217,8 +172,8 @@ class Capture:
             return
         self._bytes += len(data)
         if len(chunks) >= self.BATCH_CHUNKS or self._bytes >= self.BATCH_BYTES:
-            index, data = pack_chunks(offsets, chunks)
-            frames = [KIND_CHUNK + self._key, self._head, index, data]
+            index, data = hf.pack_chunks(offsets, chunks)
+            frames = [hf.KIND_CHUNK + self._key, self._head, index, data]
             self._lost = not self._handoff._send(frames)
             self._head = b""
             chunks.clear()
@@ -230,7 +185,7 @@ class Capture:
             kind = EndKind.CAPTURE_LOST
             self._chunks.clear()
             self._offsets.clear()
-        meta = END_META.pack(kind, time.monotonic_ns() - self._arrival)
-        index, data = pack_chunks(self._offsets, self._chunks)
-        frames = [KIND_END + self._key + meta, self._head, detail.encode(), index, data]
+        meta = hf.END_META.pack(kind, time.monotonic_ns() - self._arrival)
+        index, data = hf.pack_chunks(self._offsets, self._chunks)
+        frames = [hf.KIND_END + self._key + meta, self._head, detail.encode(), index, data]
         self._handoff._send(frames)

@@ -28,6 +28,9 @@ class TapQueue:
     config: TapConfig
     next_seq: int = 0
     queued: int = 0
+    #: Counted by the tap's publisher: records it sent, sends that failed.
+    published: int = 0
+    publish_errors: int = 0
     dropped: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     skipped: dict[str, int] = attrs.field(factory=dict)
     items: collections.deque[bytes] = attrs.field(factory=collections.deque)

@@ -27,9 +27,13 @@ import aiohttp
 from aiohttp import web
 
 from shadow_proxy.exchange import EndKind, classify
-from shadow_proxy.handoff import Capture, Handoff
-from shadow_proxy.headers import client_response_headers, new_request_id, upstream_request_headers
-from shadow_proxy.metrics import ProxyMetrics, status_class
+from shadow_proxy.serving.handoff import Capture, Handoff
+from shadow_proxy.serving.headers import (
+    client_response_headers,
+    new_request_id,
+    upstream_request_headers,
+)
+from shadow_proxy.serving.metrics import ProxyMetrics, status_class
 
 log = logging.getLogger(__name__)
 

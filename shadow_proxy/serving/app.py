@@ -23,8 +23,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from shadow_proxy.config import Config
-from shadow_proxy.metrics import ProxyMetrics, loop_lag_histogram
-from shadow_proxy.proxy import ProxyHandler
+from shadow_proxy.serving.metrics import ProxyMetrics, loop_lag_histogram
+from shadow_proxy.serving.proxy import ProxyHandler
+from shadow_proxy.serving.supervisor import TAPS, taps_context
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ REGISTRY = web.AppKey("registry", CollectorRegistry)
 METRICS = web.AppKey("metrics", ProxyMetrics)
 HANDLER = web.AppKey("handler", ProxyHandler)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-TAPS = web.AppKey("taps", object)
 READY = web.AppKey("ready", dict)
 
 #: How long ``/readyz`` trusts its last answer.
@@ -83,11 +83,9 @@ def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> we
     app[REGISTRY] = registry
     app[METRICS] = metrics
     if config.taps:
-        from shadow_proxy.supervisor import taps_ctx
-
         # First in, last out: the worker starts before the session (a failed
         # start leaves nothing open) and stops after the last request ended.
-        app.cleanup_ctx.append(taps_ctx)
+        app.cleanup_ctx.append(taps_context(config, metrics, registry))
     app.cleanup_ctx.append(_session_ctx)
     if os.environ.get(LOOP_LAG_ENV) == "1":
         app.cleanup_ctx.append(_loop_lag_ctx)

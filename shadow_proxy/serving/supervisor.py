@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import multiprocessing
 import os
@@ -21,24 +22,27 @@ import shutil
 import signal
 import tempfile
 
-import msgpack
 import zmq
 import zmq.asyncio
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from shadow_proxy import worker as worker_module
+from shadow_proxy.channel import control
 from shadow_proxy.config import Config
-from shadow_proxy.handoff import Handoff
-from shadow_proxy.metrics import ProxyMetrics, WorkerMetricsRelay
+from shadow_proxy.serving.handoff import Handoff
+from shadow_proxy.serving.metrics import ProxyMetrics, WorkerMetricsRelay
 
 log = logging.getLogger(__name__)
 
 #: Start-up budget of the worker: importing transformers and loading tokenizers.
 READY_TIMEOUT_S = 120.0
 #: How long the worker may take to drain and exit before it is killed.
-STOP_TIMEOUT_S = worker_module.DRAIN_S + 5.0
+STOP_TIMEOUT_S = control.DRAIN_S + 5.0
 LIVENESS_S = 0.5
+#: The worker process's main, named by its import path: the serving process
+#: never imports the worker side (tokenizers, templates); the spawned child does.
+WORKER_MAIN = ("shadow_proxy.worker.main", "run")
 
 
 class StartupError(RuntimeError):
@@ -88,7 +92,7 @@ class Taps:
         spawn = multiprocessing.get_context("spawn")
         process = spawn.Process(
             target=_worker_entry,
-            args=(self.config, self.handoff_endpoint, self.control_endpoint),
+            args=(WORKER_MAIN, self.config, self.handoff_endpoint, self.control_endpoint),
             name="shadow-proxy-tap-worker",
             daemon=True,
         )
@@ -98,11 +102,11 @@ class Taps:
             async with asyncio.timeout(READY_TIMEOUT_S):
                 while True:
                     message = await self._receive()
-                    if message.get("kind") == "ready":
-                        self._listing = message.get("taps", self._listing)
+                    if isinstance(message, control.Ready):
+                        self._listing = message.taps
                         break
-                    if message.get("kind") == "error":
-                        raise StartupError(message.get("message", "the tap worker failed"))
+                    if isinstance(message, control.Failed):
+                        raise StartupError(message.message)
         except TimeoutError as e:
             process.kill()
             msg = f"the tap worker was not ready within {READY_TIMEOUT_S:.0f}s"
@@ -114,11 +118,10 @@ class Taps:
         self.handoff.restarted()
         log.info("tap worker ready (pid %d), %d tap(s)", process.pid, len(self.config.taps))
 
-    async def _receive(self) -> dict:
+    async def _receive(self) -> control.ControlMessage:
         while True:
             if await self.control.poll(100):
-                data = await self.control.recv()
-                return msgpack.unpackb(data)
+                return control.decode(await self.control.recv())
             if self.process is not None and not self.process.is_alive():
                 msg = f"the tap worker exited with status {self.process.exitcode} while starting"
                 raise StartupError(msg)
@@ -127,7 +130,7 @@ class Taps:
         """Relay snapshots; restart the worker when it dies."""
         while not self.stopping:
             if await self.control.poll(LIVENESS_S * 1000):
-                self._apply(msgpack.unpackb(await self.control.recv()))
+                self._apply(control.decode(await self.control.recv()))
                 continue
             process = self.process
             if process is not None and not process.is_alive() and not self.stopping:
@@ -140,22 +143,22 @@ class Taps:
                     log.error("tap worker restart failed: %s", e)
                     await asyncio.sleep(1.0)
 
-    def _apply(self, message: dict) -> None:
-        kind = message.get("kind")
-        if kind == "progress":
-            self.handoff.acked_bytes = message["bytes"]
+    def _apply(self, message: control.ControlMessage) -> None:
+        if isinstance(message, control.Progress):
+            self.handoff.acked_bytes = message.bytes_read
             return
-        if kind != "metrics":
+        if not isinstance(message, control.Snapshot):
             return
-        self.handoff.acked_bytes = message.get("bytes", self.handoff.acked_bytes)
+        if message.bytes_read is not None:
+            self.handoff.acked_bytes = message.bytes_read
         families = []
-        for name, kind, doc, samples in message.get("families", []):
+        for name, kind, doc, samples in message.families:
             family = Metric(name, doc, kind)
             for sample_name, labels, value in samples:
                 family.add_sample(sample_name, labels, value)
             families.append(family)
         self.relay.update(families)
-        self._listing = message.get("taps", self._listing)
+        self._listing = message.taps
 
     async def stop(self) -> None:
         """Stop the worker after the serving loop has sent its last message."""
@@ -168,7 +171,7 @@ class Taps:
             deadline = loop.time() + STOP_TIMEOUT_S
             while process.is_alive() and loop.time() < deadline:
                 if await self.control.poll(50):
-                    self._apply(msgpack.unpackb(await self.control.recv()))
+                    self._apply(control.decode(await self.control.recv()))
             if process.is_alive():
                 log.error("tap worker did not stop in %.0fs; killed", STOP_TIMEOUT_S)
                 process.kill()
@@ -178,26 +181,42 @@ class Taps:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _worker_entry(config: Config, handoff_endpoint: str, control_endpoint: str) -> None:
-    raise SystemExit(worker_module.run(config, handoff_endpoint, control_endpoint))
+def _worker_entry(main: tuple[str, str], *args: object) -> None:
+    """Runs in the spawned child: import the worker's main by name and run it."""
+    module, function = main
+    raise SystemExit(getattr(importlib.import_module(module), function)(*args))
 
 
-async def taps_ctx(app: web.Application):
-    from shadow_proxy.app import CONFIG, METRICS, REGISTRY, TAPS
+#: The app's taps (set only when the configuration has taps).
+TAPS = web.AppKey("taps", Taps)
 
-    relay = WorkerMetricsRelay()
-    app[REGISTRY].register(relay)
-    taps = Taps(app[CONFIG], app[METRICS], relay)
-    try:
-        await taps.start_worker()
-    except BaseException:
+
+def taps_context(config: Config, metrics: ProxyMetrics, registry: CollectorRegistry):
+    """An aiohttp cleanup context for the taps of ``config``.
+
+    At start-up: bind the hand-off, spawn the worker and wait until it is ready
+    (or fail start-up with its reason). While serving: relay its metrics and
+    restart it when it dies. At cleanup (after the last in-flight request has
+    ended): stop the worker, which drains its queues for up to
+    ``control.DRAIN_S``.
+    """
+
+    async def taps_ctx(app: web.Application):
+        relay = WorkerMetricsRelay()
+        registry.register(relay)
+        taps = Taps(config, metrics, relay)
+        try:
+            await taps.start_worker()
+        except BaseException:
+            await taps.stop()
+            raise
+        app[TAPS] = taps
+        watcher = asyncio.create_task(taps.watch())
+        yield
+        taps.stopping = True
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
         await taps.stop()
-        raise
-    app[TAPS] = taps
-    watcher = asyncio.create_task(taps.watch())
-    yield
-    taps.stopping = True
-    watcher.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await watcher
-    await taps.stop()
+
+    return taps_ctx

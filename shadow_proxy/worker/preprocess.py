@@ -42,8 +42,8 @@ from typing import Any
 import attrs
 
 from shadow_proxy.exchange import Route
-from shadow_proxy.preprocessed import PreprocessedRequest
-from shadow_proxy.tokenizer import LoadedModel
+from shadow_proxy.records.preprocessed import PreprocessedRequest
+from shadow_proxy.worker.tokenizer import LoadedModel
 
 log = logging.getLogger(__name__)
 
