@@ -72,3 +72,27 @@ def build_envelope(
 def missing_fields(envelope: Mapping[str, Any]) -> list[str]:
     """Required fields an envelope lacks (empty when it is whole)."""
     return [name for name in REQUIRED_FIELDS if name not in envelope]
+
+
+def check_envelope(envelope: Any) -> str | None:
+    """None if a decoded envelope can be read as a record, else why not
+    (``record``: a field missing or of the wrong type; ``schema``: another
+    schema version)."""
+    if not isinstance(envelope, dict) or missing_fields(envelope):
+        return "record"
+    if envelope["schema_version"] != ENVELOPE_SCHEMA_VERSION:
+        return "schema"
+    request = envelope["request"]
+    seq = envelope["seq"]
+    response = envelope.get("response")
+    if (
+        type(seq) is not int
+        or seq < 0
+        or not isinstance(envelope["tap"], str)
+        or not isinstance(request, dict)
+        or not isinstance(request.get("token_ids"), list)
+        or (response is not None and not isinstance(response, dict))
+        or (response is not None and type(response.get("output_tokens", 0)) is not int)
+    ):
+        return "record"
+    return None
