@@ -65,8 +65,8 @@ from aiohttp import web
 from shadow_proxy.serving.app import make_app
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import classify
-from shadow_proxy.worker.preprocess import Preprocessor
-from shadow_proxy.worker.tokenizer import load_model
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import load_model
 
 config = Config.from_yaml(sys.argv[1])
 models = {m.name: load_model(m.name, m.tokenizer, m.context_length) for m in config.models}

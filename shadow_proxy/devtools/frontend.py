@@ -47,7 +47,7 @@ import jinja2
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from shadow_proxy.worker.tokenizer import template_environment
+from shadow_proxy.worker.request.tokenizer import template_environment
 
 log = logging.getLogger(__name__)
 

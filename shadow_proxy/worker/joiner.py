@@ -31,10 +31,10 @@ from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, 
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.records.wire import WireError, encode_envelope
 from shadow_proxy.worker.metrics import WorkerMetrics
-from shadow_proxy.worker.preprocess import Preprocessor
-from shadow_proxy.worker.recorder import ResponseRecorder
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import LoadedModel
+from shadow_proxy.worker.response.recorder import ResponseRecorder
 from shadow_proxy.worker.tap_queue import TapQueue
-from shadow_proxy.worker.tokenizer import LoadedModel
 
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 

@@ -34,7 +34,7 @@ from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.publishers.zeromq import Publisher
-from shadow_proxy.worker.tokenizer import LoadedModel, ModelLoadError, load_model
+from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
 
 log = logging.getLogger(__name__)
 
