@@ -41,6 +41,7 @@ test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shadow_proxy tests bench
 	$(VENV)/bin/ruff format --check shadow_proxy tests bench
+	$(VENV)/bin/lint-imports --no-cache
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format shadow_proxy tests bench
