@@ -38,8 +38,9 @@ Byte fallback, unknown-token fusing and the BPE word cache all act within one wo
 they need no condition. The reasoning holds for the ``tokenizers`` versions the project
 allows (``pyproject.toml``); a probe at load time compares cut and full encodes on
 strings built around every cut token, and the hypothesis tests in
-``tests/unit/worker/request/test_incremental.py`` compare them on random multi-turn prompts of both local
-models, so a change of the library's rules shows up as a fallback or a failing test.
+``tests/unit/worker/request/test_incremental.py`` compare them on random multi-turn
+prompts of both local models, so a change of the library's rules shows up as a fallback
+or a failing test.
 
 Memory: the cache holds at most ``max_bytes`` (default 64 MiB per model) as counted by
 ``SegmentCache.cost``: the key string's and the id array's ``sys.getsizeof`` plus

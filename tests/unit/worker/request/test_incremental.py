@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from shadow_proxy.exchange import Route
+from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.request.incremental import (
     IncrementalEncoder,
     SegmentCache,
@@ -22,7 +23,6 @@ from shadow_proxy.worker.request.incremental import (
 )
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.prompt import _template_messages
-from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.request.tokenizer import LoadedModel, load_model
 
 MODELS = ("deepseek", "chatml")
