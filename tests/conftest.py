@@ -47,12 +47,20 @@ async def serve(app: web.Application, *, handler_cancellation: bool = True) -> A
         await runner.cleanup()
 
 
+#: The tap worker's priority in tests. The default (SCHED_IDLE: CPU no other task
+#: wants) starves it on a machine shared with other jobs, which makes timings
+#: meaningless; the idle class is tested on its own (tests/unit/worker/test_priority.py,
+#: tests/integration/test_worker_pool.py).
+TEST_WORKER = {"priority": "nice", "nice": 5}
+
+
 def proxy_config(upstream_url: str, **overrides: Any) -> Config:
     """A valid config forwarding to ``upstream_url``; ``overrides`` are top-level keys."""
     mapping: dict[str, Any] = {
         "schema_version": 1,
         "listen": {"host": "127.0.0.1", "port": 0},
         "upstream": {"url": upstream_url},
+        "worker": dict(TEST_WORKER),
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(mapping.get(key), dict):

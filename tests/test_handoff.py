@@ -57,7 +57,7 @@ class TestWorkerFailures:
     def test_malformed_message_counted_not_fatal(self, tmp_path, caplog):
         from shadow_proxy.config import Config
         from shadow_proxy.worker.joiner import Joiner
-        from shadow_proxy.worker.main import handle_safely
+        from shadow_proxy.worker.shard import handle_safely
 
         config = Config.from_mapping(
             {

@@ -33,7 +33,7 @@ from shadow_proxy.serving.headers import (
     new_request_id,
     upstream_request_headers,
 )
-from shadow_proxy.serving.metrics import ProxyMetrics, status_class
+from shadow_proxy.serving.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,8 @@ class ProxyHandler:
         label = route.label
         header = self.request_id_header
         request_id = request.headers.get(header) or new_request_id()
-        metrics = self.metrics
-        metrics.in_flight.inc()
+        stats = self.metrics.stats
+        stats.started()
         status = 0
         try:
             response = await self._exchange(
@@ -98,9 +98,7 @@ class ProxyHandler:
             status = 499
             raise
         finally:
-            metrics.in_flight.dec()
-            metrics.requests.labels(label, status_class(status)).inc()
-            metrics.duration.labels(label).observe((time.monotonic_ns() - arrival_mono_ns) / 1e9)
+            stats.finished(label, status, (time.monotonic_ns() - arrival_mono_ns) / 1e9)
 
     async def _exchange(self, request, route, request_id, arrival_unix_ns, arrival_mono_ns):
         header = self.request_id_header
@@ -217,7 +215,7 @@ class ProxyHandler:
                 if first:
                     first = False
                     ttfb = (time.monotonic_ns() - arrival_mono_ns) / 1e9
-                    self.metrics.ttfb.labels(route.label).observe(ttfb)
+                    self.metrics.stats.first_byte(route.label, ttfb)
                 try:
                     await response.write(chunk)
                 except ConnectionResetError as e:

@@ -72,10 +72,13 @@ def _each_thread(apply) -> int:
             done.add(tid)
 
 
-def lower_priority(*, fallback_nice: int = FALLBACK_NICE) -> Priority:
-    """Put the calling process in the idle scheduling class, or at ``fallback_nice``."""
+def lower_priority(*, fallback_nice: int = FALLBACK_NICE, idle: bool = True) -> Priority:
+    """Put the calling process in the idle scheduling class, or at ``fallback_nice``
+    (also when ``idle`` is false: ``worker.priority: nice``)."""
     reason = None
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+    if not idle:
+        reason = "worker.priority is nice"
+    elif hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         param = os.sched_param(0)
         try:
             threads = _each_thread(lambda tid: os.sched_setscheduler(tid, os.SCHED_IDLE, param))

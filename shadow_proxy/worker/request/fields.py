@@ -22,6 +22,7 @@ NOT_MIRRORED_REASONS: tuple[str, ...] = (
     "invalid_field",  # a field of the wrong type or shape; the frontend rejects it too
     "batch_prompt",  # completions with several prompts: one engine request each
     "prompt_too_long",  # prompt fills the context; the frontend rejects it
+    "prompt_over_budget",  # prompt text over worker.max_prompt_bytes: not rendered or encoded
     "template_error",  # the chat template failed (raise_exception included) or is missing
     "tokenizer_error",  # the tokenizer failed
     "unsupported_route",  # not a chat or completions request

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from shadow_proxy.worker.budget import chat_text_over, text_over
 from shadow_proxy.worker.request.fields import (
     U32,
     Reject,
@@ -55,6 +56,9 @@ def chat_tokens(
         raise Reject("template_error")
     if request.get("tool_choice") == "none":
         tools = None  # Dynamo's default (--exclude-tools-when-tool-choice-none)
+    limit = model.max_prompt_bytes
+    if limit is not None and chat_text_over(messages, tools, limit):
+        raise Reject("prompt_over_budget")  # not rendered, not encoded
     context = {
         **model.template_globals,
         **_template_kwargs(request),
@@ -189,10 +193,16 @@ def completion_tokens(model: LoadedModel, request: dict, multi_modal_data: dict)
 
 
 def encode(model: LoadedModel, text: str) -> list[int]:
+    """The prompt's ids: incrementally where the model's prompt encoder can (exact,
+    ``worker/request/incremental.py``), never past the prompt-bytes budget."""
     if "\0" in text:  # Dynamo strips NULs to avoid tokenizer divergence
         text = text.replace("\0", "")
+    limit = model.max_prompt_bytes
+    if limit is not None and text_over(text, limit):
+        raise Reject("prompt_over_budget")
+    encoder = model.prompt_encoder
     try:
-        return model.encode(text)
+        return encoder.encode(text) if encoder is not None else model.encode(text)
     except Exception:
         raise Reject("tokenizer_error") from None
 
