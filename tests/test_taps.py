@@ -506,7 +506,8 @@ class TestSampling:
                     assert (
                         sample(registry, "shadow_tap_dropped_total", tap=name, reason=reason) == 0
                     )
-            assert got["half-a"] == got["half-b"]
+            # The same requests (in publish order, which the shards may interleave).
+            assert sorted(got["half-a"]) == sorted(got["half-b"])
             assert 0 < len(got["half-a"]) < n
             assert set(got["quarter"]) <= set(got["half-a"])
             assert 0 < len(got["quarter"]) < len(got["half-a"])
