@@ -61,11 +61,12 @@ def stream_buffers(frames: list[bytes]) -> tuple[list[bytes], int]:
 
 
 def consume(buffers: list, sent: int) -> None:
-    """Remove the first ``sent`` bytes (a partial ``sendmsg``) from ``buffers``."""
+    """Remove the first ``sent`` bytes (a partial ``sendmsg``) from ``buffers``; the rest
+    of a partly sent buffer is kept as a view (a large message is never copied again)."""
     while buffers and sent >= len(buffers[0]):
         sent -= len(buffers.pop(0))
     if sent:
-        buffers[0] = buffers[0][sent:]
+        buffers[0] = memoryview(buffers[0])[sent:]
 
 
 def split_frames(message: bytes | memoryview) -> list[bytes]:
@@ -99,14 +100,17 @@ class StreamDecoder:
         buffer += data
         messages = []
         pos, size = 0, len(buffer)
-        while size - pos >= U32.size:
-            (total,) = U32.unpack_from(buffer, pos)
-            end = pos + U32.size + total
-            if end > size:
-                break
-            messages.append(bytes(buffer[pos:end]))
-            pos = end
-        if pos:
+        with memoryview(buffer) as view:
+            while size - pos >= U32.size:
+                (total,) = U32.unpack_from(buffer, pos)
+                end = pos + U32.size + total
+                if end > size:
+                    break
+                messages.append(bytes(view[pos:end]))
+                pos = end
+        if pos == size:
+            self._buffer = bytearray()  # also gives back a large message's capacity
+        elif pos:
             del buffer[:pos]
         return messages
 

@@ -189,9 +189,7 @@ def run(
         return fail(f"tap socket: {e}")
     metrics.queues = publishing.queues
     processes = config.worker.processes or default_processes()
-    pool = Pool(
-        config, publishing, os.path.dirname(handoff_path), metrics.registry, processes
-    )
+    pool = Pool(config, publishing, os.path.dirname(handoff_path), metrics.registry, processes)
     pool.start()
     main = Main(config, publishing, pool, metrics)
     deadline = time.monotonic() + SHARDS_READY_S

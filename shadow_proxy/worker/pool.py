@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: How long a retiring shard may take to finish its open requests.
 RETIRE_DRAIN_S = 120.0
+#: A slot's shard is recycled (over ``worker.max_rss_mb``) at most this often: a
+#: bound below what a fresh shard needs costs one restart a minute, not a loop.
+RECYCLE_EVERY_S = 60.0
 #: Wait before starting again a shard that failed to start.
 RESTART_DELAY_S = 1.0
 #: Bytes read from one socket per loop turn.
@@ -97,6 +100,8 @@ class Shard:
     exit_sent: bool = False
     keys: set[bytes] = attrs.field(factory=set)
     info: dict = attrs.field(factory=dict)
+    #: It was started to replace a recycled shard.
+    replaces: bool = False
 
 
 @attrs.define(eq=False)
@@ -369,11 +374,17 @@ class Pool:
             return
         if shard.index in self.replacing or self.stopping:
             return
+        if time.monotonic() - shard.started < RECYCLE_EVERY_S and shard.replaces:
+            log.warning("shard %d at %d MiB soon after it started: worker.max_rss_mb may be "
+                        "below what a shard needs", shard.index, rss_mb)  # fmt: skip
+            return
         log.warning(
             "shard %d at %d MiB (over worker.max_rss_mb): replacing it", shard.index, rss_mb
         )
         self.restarts.labels("recycled").inc()
-        self.replacing[shard.index] = self.spawn(shard.index)
+        replacement = self.spawn(shard.index)
+        replacement.replaces = True
+        self.replacing[shard.index] = replacement
 
     def _send_exit(self, shard: Shard) -> None:
         if not shard.exit_sent:

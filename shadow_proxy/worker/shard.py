@@ -60,6 +60,8 @@ from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, l
 log = logging.getLogger(__name__)
 
 SNAPSHOT_S = 1.0
+#: While over ``worker.max_rss_mb``, how often a shard asks again to be replaced.
+RETIRE_ASK_S = 10.0
 READ_BYTES = 1 << 20
 
 
@@ -203,7 +205,9 @@ class ShardLoop:
         self.bound = LagBound.from_seconds(worker.max_lag_s)
         self.max_cpu_s = worker.max_request_cpu_s
         self.max_rss_mb = worker.max_rss_mb
-        self.retire_sent = False
+        #: When the shard last asked to be replaced; requests it has handled.
+        self.retire_asked = 0.0
+        self.requests = 0
         for index, tap in enumerate(joiner.taps):
             tap.queue = RemoteQueue(index, tap.config, self)
         joiner.metrics.queues = []  # the main counts the taps
@@ -263,6 +267,7 @@ class ShardLoop:
             self.emit(sw.settle(key, 0, True))
             return
         self.intake_lag.observe((now - arrival_mono_ns) / 1e9)
+        self.requests += 1
         self.ready_ns = arrival_mono_ns
         self.touched = 0
         started = time.thread_time()
@@ -355,10 +360,13 @@ class ShardLoop:
 
     def periodic(self) -> None:
         self.emit(sw.metrics(self.joiner.metrics.snapshot()))
-        if self.max_rss_mb is not None and not self.retire_sent:
+        # Between requests (this runs between messages): over the bound after it
+        # has served, the shard asks to be replaced, again every RETIRE_ASK_S.
+        now = time.monotonic()
+        if self.max_rss_mb is not None and self.requests and now >= self.retire_asked:
             rss = self.rss_mb()
             if rss > self.max_rss_mb:
-                self.retire_sent = True
+                self.retire_asked = now + RETIRE_ASK_S
                 self.emit(sw.retire(rss))
 
     def run(self) -> None:
