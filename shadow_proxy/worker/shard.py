@@ -35,6 +35,7 @@ import pickle
 import select
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -258,7 +259,15 @@ class ShardLoop:
         return True
 
     def on_request(self, key: bytes, frames: list[bytes]) -> None:
-        _, _, arrival_mono_ns, _ = hf.REQUEST_META.unpack(frames[0][hf.HEADER :])
+        try:
+            _, _, arrival_mono_ns, _ = hf.REQUEST_META.unpack(frames[0][hf.HEADER :])
+        except struct.error:  # a bug of the sender: the request is lost on every tap
+            self.joiner.metrics.failures.labels("struct.error").inc()
+            log.error("hand-off message dropped: a request with a malformed header")
+            for tap in self.joiner.taps:
+                tap.queue.drop("worker_error")
+            self.emit(sw.settle(key, 0, True))
+            return
         now = time.monotonic_ns()
         if self.bound.late(arrival_mono_ns, now):
             self.late.labels("intake").inc()
