@@ -175,9 +175,12 @@ def plain_frontend(bomb: bytes = b"") -> web.Application:
         await response.write_eof()
         return response
 
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": []})
+
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", completions)
-    app.router.add_get("/v1/models", lambda r: web.json_response({"data": []}))
+    app.router.add_get("/v1/models", models)
     return app
 
 
