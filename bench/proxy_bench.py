@@ -26,7 +26,16 @@ Regimes:
   core 0: TTFT and end-to-end latency, requests/s, the serving loop's lag
   (``SHADOW_PROXY_LOOP_LAG=1``, histogram ``shadow_proxy_loop_lag_seconds``);
 - ``memory``: many requests with both consumers stopped versus reading: the
-  proxy's and the worker's peak RSS.
+  proxy's and the worker's peak RSS;
+- ``isolation-dynamo``: the real Dynamo frontend near saturation (mocker
+  ``--speedup-ratio 10``, ~700-word prompts, 32 output tokens, concurrency 24),
+  the proxy and its tap worker pinned to core 1, Dynamo, load and consumers to
+  core 0; no taps vs two taps (consumers reading, stopped), quiet and with a
+  CPU-bound neighbour process on the proxy's core;
+- ``scaling``, ``multiturn``, ``overload``: the tap worker's own regimes
+  (``bench/worker_bench.py``): throughput on 1 vs 2 cores, CPU per request on
+  growing conversations against a full re-encode and the frontend's own, record
+  lag and client latency when the worker cannot follow.
 
 ``--profile`` adds one unmeasured run of the ``taps`` case with py-spy
 attached to the serving process and to the tap worker, and reports their top
@@ -67,13 +76,20 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 CASES = ("direct", "nginx", "proxy", "taps", "taps-stalled")
+#: The same with a CPU-bound neighbour process on the proxy's core.
+NEIGHBOUR_CASES = ("proxy+neighbour", "taps+neighbour", "taps-stalled+neighbour")
 CASE_TITLES = {
     "direct": "1 direct",
     "nginx": "2 nginx",
     "proxy": "3 shadow-proxy, no taps",
     "taps": "4 two taps, consumers reading",
     "taps-stalled": "5 two taps, consumers SIGSTOPped",
+    "proxy+neighbour": "6 no taps, CPU-bound neighbour",
+    "taps+neighbour": "7 two taps reading, CPU-bound neighbour",
+    "taps-stalled+neighbour": "8 two taps stopped, CPU-bound neighbour",
 }
+#: A CPU-bound neighbour: a busy loop at normal priority.
+NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
 TAPS = (
     # name, capture, filters, capacity
     ("kv-history-tracker", "request", ["tokens-only"], 4096),
@@ -96,6 +112,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_tree_seconds(pid: int) -> float:
+    """utime + stime of a process and of its children that are running (the tap
+    worker's main and its shards)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children(pid))
+
+
+def rss_tree_mb(pid: int) -> float:
+    return rss_mb(pid) + sum(rss_mb(child) for child in children(pid))
+
+
 def rss_mb(pid: int) -> float:
     try:
         pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
@@ -114,9 +140,10 @@ def pin(pid: int, cpus: str) -> None:
 
 def children(pid: int) -> list[int]:
     out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            out += [int(c) for c in (task / "children").read_text().split()]
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                out += [int(c) for c in (task / "children").read_text().split()]
     return out
 
 
@@ -297,12 +324,15 @@ def start_nginx(frontend_url: str, scratch: Path, cpus: str | None) -> tuple[Ser
     return service, url, workers[0] if workers else service.pid
 
 
-def proxy_config(frontend_url: str, port: int, publish_port: int, taps: bool) -> str:
+def proxy_config(frontend_url: str, port: int, publish_port: int, taps: bool,
+                 worker: dict[str, Any] | None = None) -> str:  # fmt: skip
     lines = [
         "schema_version: 1",
         f"listen: {{host: 127.0.0.1, port: {port}}}",
         f"upstream: {{url: '{frontend_url}'}}",
     ]
+    if worker:
+        lines.append("worker: " + json.dumps(worker))
     if taps:
         lines += [
             f"models: [{{name: {MODEL_NAME}, tokenizer: '{MODEL_DIR}'}}]",
@@ -315,11 +345,12 @@ def proxy_config(frontend_url: str, port: int, publish_port: int, taps: bool) ->
     return "\n".join(lines) + "\n"
 
 
-def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None):
+def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None,
+                worker: dict[str, Any] | None = None):  # fmt: skip
     """The proxy (with ``SHADOW_PROXY_LOOP_LAG=1``); returns (service, url, worker pid, topics)."""
     port, publish = free_port(), free_port_pair()
     conf = scratch / f"proxy-{'taps' if taps else 'plain'}.yaml"
-    conf.write_text(proxy_config(frontend_url, port, publish, taps))
+    conf.write_text(proxy_config(frontend_url, port, publish, taps, worker))
     env = {**os.environ, "SHADOW_PROXY_LOOP_LAG": "1"}
     service = Service("shadow-proxy", [sys.executable, "-m", "shadow_proxy.cli", "serve",
                       "--config", str(conf)], scratch / "proxy.log", cpus=cpus, env=env)  # fmt: skip  # noqa: E501
@@ -342,7 +373,8 @@ def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None):
 class Setup:
     """What one case runs besides the frontend, started fresh for each run."""
 
-    def __init__(self, case: str, frontend: Frontend, scratch: Path, isolate: bool):
+    def __init__(self, case: str, frontend: Frontend, scratch: Path, isolate: bool,
+                 worker: dict[str, Any] | None = None):  # fmt: skip
         self.case = case
         self.services: list[Service] = []
         self.consumers: list[tuple[str, Service, Path]] = []
@@ -350,6 +382,10 @@ class Setup:
         self.lag_url: str | None = None
         proxy_cpus = PROXY_CPU if isolate else None
         other_cpus = OTHER_CPU if isolate else None
+        if case.endswith("+neighbour"):
+            case = self.case = case.removesuffix("+neighbour")
+            self.services.append(Service("neighbour", NEIGHBOUR, scratch / "neighbour.log",
+                                         cpus=PROXY_CPU))  # fmt: skip
         if case == "direct":
             self.url = frontend.url
         elif case == "nginx":
@@ -359,7 +395,7 @@ class Setup:
         else:
             taps = case.startswith("taps")
             service, self.url, worker, endpoints = start_proxy(
-                frontend.url, scratch, taps, proxy_cpus
+                frontend.url, scratch, taps, proxy_cpus, worker if taps else None
             )
             self.services.append(service)
             self.pids["proxy"] = service.pid
@@ -457,7 +493,7 @@ class RssSampler:
 
     def sample(self) -> None:
         for role, pid in self.pids.items():
-            value = rss_mb(pid)
+            value = _rss(role, pid)
             if value == value:  # not NaN
                 self.peak[role] = max(self.peak[role], value)
 
@@ -472,20 +508,25 @@ class RssSampler:
 
 
 async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: LoadSpec,
-                   warmup: LoadSpec, isolate: bool) -> dict[str, Any]:  # fmt: skip
-    setup = Setup(case, frontend, scratch, isolate)
+                   warmup: LoadSpec, isolate: bool, worker: dict[str, Any] | None = None,
+                   settle_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
+    setup = Setup(case, frontend, scratch, isolate, worker)
     try:
         url_spec = {"url": setup.url}
         await run_load(_with(warmup, **url_spec))
-        rss_before = {role: rss_mb(pid) for role, pid in setup.pids.items()}
-        cpu_before = {role: cpu_seconds(pid) for role, pid in setup.pids.items()}
+        rss_before = {role: _rss(role, pid) for role, pid in setup.pids.items()}
+        cpu_before = {role: _cpu(role, pid) for role, pid in setup.pids.items()}
         own_before = time.process_time()
         lag_before = lag_buckets(setup.lag_url)
         with RssSampler(setup.pids) as sampler:
             report = await run_load(_with(spec, **url_spec))
-        cpu_after = {role: cpu_seconds(pid) for role, pid in setup.pids.items()}
+        cpu_after = {role: _cpu(role, pid) for role, pid in setup.pids.items()}
         own = time.process_time() - own_before
         lag = histogram_quantile(lag_before, lag_buckets(setup.lag_url), 0.99)
+        if setup.lag_url and "worker" in setup.pids:
+            # The worker's backlog published or given up, and its metrics relayed.
+            await asyncio.sleep(settle_s + 1.5)
+        metrics_text = get_text(setup.lag_url) if setup.lag_url else ""
         consumers = setup.finish_consumers()
     finally:
         setup.stop()
@@ -499,7 +540,17 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: Loa
         "rss_mb_peak": sampler.peak,
         "loop_lag_p99_ms": None if lag is None else lag * 1000,
         "consumers": consumers,
+        "metrics": metrics_text,
     }
+
+
+def _cpu(role: str, pid: int) -> float:
+    """The tap worker is its main and its shards."""
+    return cpu_tree_seconds(pid) if role == "worker" else cpu_seconds(pid)
+
+
+def _rss(role: str, pid: int) -> float:
+    return rss_tree_mb(pid) if role == "worker" else rss_mb(pid)
 
 
 def _with(spec: LoadSpec, **changes: Any) -> LoadSpec:
@@ -560,7 +611,7 @@ def _ms(value: float | None) -> float | None:
 
 
 def _run_json(run: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in run.items() if k != "report"}
+    out = {k: v for k, v in run.items() if k not in ("report", "metrics")}
     out["load"] = run["report"].summary()
     return out
 
@@ -569,8 +620,13 @@ def _run_json(run: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> dict[str, Any]:
-    isolate = regime == "isolation"
-    if regime == "quick":
+    isolate = regime in ("isolation", "isolation-dynamo")
+    if regime == "isolation-dynamo":
+        frontend_kind = "dynamo"
+        cases = ("direct", "proxy", "taps", "taps-stalled", *NEIGHBOUR_CASES)
+        loads = [(args.concurrency or 24, args.requests or 1200)]
+        args.isl, args.osl = args.isl or 700, args.osl or 32
+    elif regime == "quick":
         cases = ("direct", "proxy")
         loads = [(c, args.quick_requests if c > 1 else max(50, args.quick_requests // 3))
                  for c in (1, 64)]  # fmt: skip
@@ -583,6 +639,7 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
     else:
         cases = CASES
         loads = [(args.concurrency or 64, args.requests or 3000)]
+    args.isl, args.osl = args.isl or 2048, args.osl or 16
     pace = (args.ttft_ms, args.itl_ms) if isolate else None
     speedup = args.speedup if isolate else 1000.0
     if isolate:
@@ -598,7 +655,7 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
             for rnd in range(args.rounds):
                 order = cases[rnd % len(cases) :] + cases[: rnd % len(cases)]
                 for i, case in enumerate(order):
-                    seed = 1000 * (rnd + 1) + 10 * CASES.index(case) + concurrency
+                    seed = 1000 * (rnd + 1) + 10 * CASE_TITLES_ORDER.index(case) + concurrency
                     spec = _with(base, seed=seed)
                     warmup = _with(base, seed=seed + 500_000, requests=args.warmup,
                                    concurrency=min(concurrency, args.warmup))  # fmt: skip
@@ -640,6 +697,9 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
         "tables": tables,
         "profile": profile,
     }
+
+
+CASE_TITLES_ORDER = list(CASE_TITLES)
 
 
 def _fmt_cpu(cpu: dict[str, float]) -> str:
@@ -767,6 +827,12 @@ def _ratio(value: Any, base: Any) -> str:
     return f"{value / base:.2f}"
 
 
+def worker_markdown(result: dict[str, Any], command: str) -> str:
+    from bench import worker_bench
+
+    return worker_bench.markdown(result, command)
+
+
 def markdown(result: dict[str, Any], command: str) -> str:
     m = result["machine"]
     out = [f"## shadow-proxy bench: {result['regime']} ({result['started']})", ""]
@@ -800,7 +866,7 @@ def _markdown_part(part: dict[str, Any]) -> list[str]:
         out.append("")
         head = ["case", "req/s", "ratio", "TTFT p50 ms", "ratio", "TTFT p99 ms", "ratio",
                 "e2e p99 ms"]  # fmt: skip
-        if part["regime"] == "isolation":
+        if part["regime"].startswith("isolation"):
             head.append("loop lag p99 ms")
         head += [f"CPU s/1k {r}" for r in roles]
         head += ["RSS MB proxy", "RSS MB worker", "records / gaps per tap", "errors"]
@@ -812,7 +878,7 @@ def _markdown_part(part: dict[str, Any]) -> list[str]:
                    _f(c["ttft_p50_ms"]), _ratio(c["ttft_p50_ms"], base["ttft_p50_ms"]),
                    _f(c["ttft_p99_ms"]), _ratio(c["ttft_p99_ms"], base["ttft_p99_ms"]),
                    _f(c["e2e_p99_ms"])]  # fmt: skip
-            if part["regime"] == "isolation":
+            if part["regime"].startswith("isolation"):
                 row.append(_f(c["loop_lag_p99_ms"], 2))
             row += [_f(c["cpu_s_per_1000"].get(r), 2) for r in roles]
             row += [_f(c["rss_mb_peak"].get("proxy")), _f(c["rss_mb_peak"].get("worker"))]
@@ -830,14 +896,17 @@ def _markdown_part(part: dict[str, Any]) -> list[str]:
 
 def _targets(regime: str, cases: dict[str, Any]) -> list[str]:
     checks = []
-    if regime == "isolation":
-        base = cases["proxy"]
-        for name in ("taps", "taps-stalled"):
-            c = cases[name]
+    if regime.startswith("isolation"):
+        pairs = [(name, "proxy") for name in ("taps", "taps-stalled")]
+        pairs += [(f"{name}+neighbour", "proxy+neighbour") for name in ("taps", "taps-stalled")]
+        for name, against in pairs:
+            if name not in cases or against not in cases:
+                continue
+            c, base = cases[name], cases[against]
             checks += [
-                (f"{name}: TTFT p50 / no taps <= 1.05", c["ttft_p50_ms"], base["ttft_p50_ms"], 1.05, False),  # noqa: E501
-                (f"{name}: TTFT p99 / no taps <= 1.10", c["ttft_p99_ms"], base["ttft_p99_ms"], 1.10, False),  # noqa: E501
-                (f"{name}: req/s / no taps >= 0.95", c["requests_per_s"], base["requests_per_s"], 0.95, True),  # noqa: E501
+                (f"{name}: TTFT p50 / {against} <= 1.05", c["ttft_p50_ms"], base["ttft_p50_ms"], 1.05, False),  # noqa: E501
+                (f"{name}: TTFT p99 / {against} <= 1.10", c["ttft_p99_ms"], base["ttft_p99_ms"], 1.10, False),  # noqa: E501
+                (f"{name}: req/s / {against} >= 0.95", c["requests_per_s"], base["requests_per_s"], 0.95, True),  # noqa: E501
             ]  # fmt: skip
     elif regime == "capacity":
         proxy, front = cases["proxy"], cases["direct"]["cpu_s_per_1000"]["frontend"]
@@ -887,13 +956,15 @@ def _markdown_profile(profile: dict[str, Any]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shadow-proxy bench", description=__doc__.splitlines()[0])
     parser.add_argument("--regime", default="quick",
-                        choices=("capacity", "isolation", "memory", "quick", "all"))  # fmt: skip
+                        choices=("capacity", "isolation", "memory", "quick", "isolation-dynamo",
+                                 *WORKER_REGIMES, "all"))  # fmt: skip
     parser.add_argument("--frontend", default="builtin", choices=("builtin", "dynamo", "both"))
     parser.add_argument("--requests", type=int, help="per case and round (default per regime)")
     parser.add_argument("--concurrency", type=int, help="default: 64, isolation 16")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--isl", type=int, default=2048, help="prompt tokens")
-    parser.add_argument("--osl", type=int, default=16, help="output tokens")
+    parser.add_argument("--isl", type=int, help="prompt tokens (default 2048; "
+                        "isolation-dynamo 700 words)")  # fmt: skip
+    parser.add_argument("--osl", type=int, help="output tokens (default 16; isolation-dynamo 32)")
     parser.add_argument("--warmup", type=int, default=100, help="requests per case and round")
     parser.add_argument("--quick-requests", type=int, default=600,
                         help="quick regime: at concurrency 64 (a third of it at 1)")  # fmt: skip
@@ -901,10 +972,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--itl-ms", type=float, default=10.0, help="isolation: frontend pacing")
     parser.add_argument("--speedup", type=float, default=10.0,
                         help="isolation with Dynamo: mocker --speedup-ratio")  # fmt: skip
+    parser.add_argument("--conversations", type=int, default=24,
+                        help="multiturn: conversations per case and round")  # fmt: skip
+    parser.add_argument("--processes", type=int,
+                        help="multiturn: worker.processes (default: one per core)")  # fmt: skip
+    parser.add_argument("--max-lag-s", type=float, default=5.0,
+                        help="overload: worker.max_lag_s")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
                         help="py-spy the serving process and worker (capacity, isolation)")  # fmt: skip  # noqa: E501
     parser.add_argument("--output", type=Path, default=RESULTS)
     return parser
+
+
+#: The tap worker's regimes, run by ``bench/worker_bench.py``.
+WORKER_REGIMES = ("scaling", "multiturn", "overload")
+
+
+def _fresh(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy (regimes fill in their own defaults)."""
+    return argparse.Namespace(**vars(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -922,17 +1008,24 @@ def main(argv: list[str] | None = None) -> int:
     for regime in regimes:
         started = time.strftime("%Y%m%d-%H%M%S")
         parts = []
+        kinds = ("dynamo",) if regime == "isolation-dynamo" else frontends
         with tempfile.TemporaryDirectory(prefix="shadow-bench-") as tmp:
-            for kind in frontends:
+            for kind in kinds:
                 if regime in ("quick", "memory", "isolation") and kind == "dynamo" and len(
                         frontends) > 1:  # fmt: skip
                     continue  # built-in only unless asked for Dynamo alone
                 scratch = Path(tmp) / kind
                 scratch.mkdir()
-                parts.append(asyncio.run(run_regime(regime, kind, args, scratch)))
+                if regime in WORKER_REGIMES:
+                    from bench import worker_bench
+
+                    parts.append(asyncio.run(worker_bench.run(regime, kind, args, scratch)))
+                    continue
+                parts.append(asyncio.run(run_regime(regime, kind, _fresh(args), scratch)))
         result = {"regime": regime, "started": started, "command": command, "machine": info,
                   "parts": parts}  # fmt: skip
-        text = markdown(result, command)
+        text = worker_markdown(result, command) if regime in WORKER_REGIMES else markdown(
+            result, command)  # fmt: skip
         stem = args.output / f"{started}-{regime}"
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
         stem.with_suffix(".md").write_text(text)
