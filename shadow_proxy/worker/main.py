@@ -42,8 +42,9 @@ from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.worker import priority
 from shadow_proxy.worker.metrics import WorkerMetrics
-from shadow_proxy.worker.pool import Pool, default_processes
+from shadow_proxy.worker.pool import Pool
 from shadow_proxy.worker.publishing import RETRY_MS, Publishing
+from shadow_proxy.worker.shards import default_processes
 
 log = logging.getLogger(__name__)
 

@@ -30,16 +30,12 @@ import contextlib
 import itertools
 import logging
 import os
-import pickle
 import select
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
-import attrs
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.channel.families import Totals
@@ -48,6 +44,7 @@ from shadow_proxy.exchange import EndKind
 from shadow_proxy.worker import shard_wire as sw
 from shadow_proxy.worker.lag import LagBound
 from shadow_proxy.worker.publishing import Publishing
+from shadow_proxy.worker.shards import OpenRequest, PoolMetrics, Shard, spawn_shard, write_out
 
 log = logging.getLogger(__name__)
 
@@ -60,58 +57,6 @@ RECYCLE_EVERY_S = 60.0
 RESTART_DELAY_S = 1.0
 #: Bytes read from one socket per loop turn.
 READ_BYTES = 1 << 20
-_IOV_MAX = 512
-
-
-class ShardStartError(RuntimeError):
-    """A shard could not start (a tokenizer); the message says why."""
-
-
-def default_processes() -> int:
-    """One shard per core the sidecar is given: the CPU affinity, capped by the
-    cgroup's CPU quota (``cpu.max``) when there is one."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
-
-
-@attrs.define(eq=False)
-class Shard:
-    index: int
-    token: int
-    process: subprocess.Popen
-    started: float
-    sock: socket.socket | None = None
-    decoder: hf.StreamDecoder = attrs.field(factory=hf.StreamDecoder)
-    out: list[bytes] = attrs.field(factory=list)
-    out_bytes: int = 0
-    ready: bool = False
-    #: Takes no new request; exits once its open requests are done.
-    retiring: bool = False
-    drain_deadline: float = 0.0
-    exit_sent: bool = False
-    keys: set[bytes] = attrs.field(factory=set)
-    info: dict = attrs.field(factory=dict)
-    #: It was started to replace a recycled shard.
-    replaces: bool = False
-
-
-@attrs.define(eq=False)
-class OpenRequest:
-    shard: Shard
-    #: Taps still waiting for this request's record (the shard may keep a request
-    #: with none, for the prompt-token check at its end).
-    mask: int
-    #: A message of it could not be forwarded: its end goes as a lost capture.
-    lost: bool = False
 
 
 class Pool:
@@ -148,38 +93,16 @@ class Pool:
         self.stopping = False
         #: Records lost with shards that died or were stopped (one per tap).
         self.lost = 0
-        self.restarts = Counter(
-            "shadow_worker_shard_restarts",
-            "Shards started again, by reason (died: a crash or a kill; recycled: over "
-            "worker.max_rss_mb, replaced between requests).",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in ("died", "recycled"):
-            self.restarts.labels(reason)
-        self.processes_gauge = Gauge(
-            "shadow_worker_processes", "Tap worker processes (shards) running.", registry=registry
-        )
-        self.idle_gauge = Gauge(
-            "shadow_worker_idle_processes",
-            "Shards in the idle scheduling class (the others fell back to a nice level).",
-            registry=registry,
-        )
+        metrics = PoolMetrics(registry)
+        self.restarts = metrics.restarts
+        self.processes_gauge = metrics.processes
+        self.idle_gauge = metrics.idle
 
     # -- lifecycle -----------------------------------------------------------------
 
     def spawn(self, index: int) -> Shard:
         token = next(self._tokens)
-        env = {**os.environ, "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "shadow_proxy.worker.shard"],
-            stdin=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
-        process.stdin.write(pickle.dumps((self.config, token, self.path, self.processes)))
-        process.stdin.close()
-        shard = Shard(index, token, process, time.monotonic())
+        shard = spawn_shard(self.config, self.path, self.processes, index, token)
         self.shards[token] = shard
         return shard
 
@@ -262,18 +185,7 @@ class Pool:
     def flush(self) -> None:
         for shard in list(self.by_fd.values()):
             if shard.out:
-                self._write(shard)
-
-    def _write(self, shard: Shard) -> None:
-        while shard.out:
-            try:
-                sent = shard.sock.sendmsg(shard.out[:_IOV_MAX])
-            except BlockingIOError:
-                return
-            except OSError:
-                return  # its end is gone: the read side sees the EOF
-            shard.out_bytes -= sent
-            hf.consume(shard.out, sent)
+                write_out(shard)
 
     # -- what shards send ---------------------------------------------------------------
 
