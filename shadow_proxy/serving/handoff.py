@@ -136,8 +136,8 @@ class Handoff:
         now = time.monotonic()
         if self._dead is not None:
             generation, sent = self._dead
-            checkpoint = self._dead_checkpoint
-            if checkpoint is not None and checkpoint.generation == generation:
+            checkpoint = self._dead_checkpoint  # of that generation (``worker_died``)
+            if checkpoint is not None:
                 finals = cp.final_states(
                     checkpoint,
                     requests_sent=sent,

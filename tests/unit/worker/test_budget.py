@@ -29,11 +29,24 @@ def deepseek(model_dirs) -> LoadedModel:
     return load_model("deepseek", str(model_dirs["deepseek"]))
 
 
+class CountingTemplate:
+    """The model's compiled chat template, counting its renders."""
+
+    def __init__(self, template):
+        self.template = template
+        self.renders = 0
+
+    def render(self, context):
+        self.renders += 1
+        return self.template.render(context)
+
+
 def with_budget(model: LoadedModel, limit: int | None, encoder: bool = True) -> LoadedModel:
     return attrs.evolve(
         model,
         max_prompt_bytes=limit,
         prompt_encoder=IncrementalEncoder.for_tokenizer(model.backend) if encoder else None,
+        chat_template=CountingTemplate(model.chat_template),
     )
 
 
@@ -92,7 +105,8 @@ class TestPromptBudget:
         request = {"messages": [{"role": "user", "content": "hi"}], "tools": tools(40, 200)}
         result = preprocess(model, request)
         assert result == NotMirrored("prompt_over_budget")
-        assert model.prompt_encoder.returned_tokens == 0  # not encoded, not even rendered
+        assert model.chat_template.renders == 0
+        assert model.prompt_encoder.returned_tokens == 0
 
     def test_rendered_text_over_the_budget_is_not_encoded(self, deepseek):
         content = "word " * 100
@@ -100,6 +114,7 @@ class TestPromptBudget:
         assert preprocess(model, {"messages": [{"role": "user", "content": content}]}) == (
             NotMirrored("prompt_over_budget")
         )
+        assert model.chat_template.renders == 1
         assert model.prompt_encoder.returned_tokens == 0
 
     def test_within_the_budget_same_ids(self, deepseek):
