@@ -60,6 +60,8 @@ SNAPSHOT_S = 1.0
 #: While over ``worker.max_rss_mb``, how often a shard asks again to be replaced.
 RETIRE_ASK_S = 10.0
 READ_BYTES = 1 << 20
+#: A shard is the process the OOM killer should pick (raising it needs no privilege).
+OOM_SCORE_ADJ = 500
 
 
 class _Reported(dict):
@@ -329,6 +331,11 @@ class ShardLoop:
 def run(config: Config, token: int, path: str, processes: int) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s shard: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker's main decides when to stop
+    try:  # under memory pressure the kernel kills a shard (counted, restarted) first
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     sock.sendall(b"".join(hf.stream_buffers(sw.hello(token, os.getpid()))[0]))

@@ -243,3 +243,20 @@ class TestIdleClass:
                     assert os.sched_getscheduler(int(task.name)) == os.SCHED_IDLE, (pid, task)
             await wait_for(lambda: sample(registry, "shadow_worker_idle_processes") == 2)
             assert os.sched_getscheduler(0) != os.SCHED_IDLE  # the serving process is not
+
+
+class TestOomOrder:
+    """Under memory pressure the kernel's OOM killer picks a shard (counted and started
+    again) before the worker's main or the serving process."""
+
+    async def test_shards_first(self, frontend, model_dirs, context):
+        config = config_for(frontend, model_dirs, tap("kv"))
+        async with run_proxy(config) as (url, registry, app):
+            main = app[TAPS].process.pid
+
+            def adj(pid: int | str) -> int:
+                return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+            shards = shard_pids(main)
+            assert shards and all(adj(pid) == 500 for pid in shards)
+            assert adj(main) < 500 and adj("self") < 500
