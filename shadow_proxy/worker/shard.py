@@ -322,6 +322,10 @@ class ShardLoop:
                 if not self.on_message(message):
                     running = False
                     break
+            if running and not poller.poll(0):
+                # Idle: the metrics now, right after the records they count (the
+                # main relays both in one snapshot). Busy: once a second.
+                self.emit(sw.metrics(self.joiner.metrics.snapshot()))
             self.flush()
         self.finish()
         self.periodic()
