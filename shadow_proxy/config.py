@@ -22,6 +22,7 @@ from shadow_proxy.filters import FilterSet
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 
 
 class ConfigError(ValueError):
@@ -77,6 +78,10 @@ class TapConfig:
     sample_by: str = "request"
     response: ResponseOptions | None = None
     capacity: int = 1024
+    #: ``zmq`` (the tap's PUB socket) or ``nats`` (the JetStream stream, SPEC 9).
+    transport: str = "zmq"
+    #: The JetStream subject (``nats`` taps only; ``shadow.{topic}`` by default).
+    subject: str | None = None
 
     @property
     def joined(self) -> bool:
@@ -108,6 +113,8 @@ class Config:
     publish: Publish = Publish()
     taps: tuple[TapConfig, ...] = ()
     worker: WorkerOptions = WorkerOptions()
+    #: The JetStream connection and stream; set when the file has a ``nats`` section.
+    nats: NatsConfig | None = None
 
     @property
     def capture_response(self) -> bool:
@@ -261,6 +268,7 @@ class _Parser:
                 "publish",
                 "taps",
                 "worker",
+                "nats",
             },
         )
         version = root.get("schema_version", _MISSING)
@@ -269,6 +277,7 @@ class _Parser:
         if version != 1 or isinstance(version, bool):
             self.fail(root, "schema_version", "must be 1", version)
         publish = self.publish(root)
+        taps = self.taps(root, publish)
         return Config(
             path=self.path,
             listen=self.listen(root),
@@ -279,8 +288,9 @@ class _Parser:
             shutdown_grace_s=self.get(root, "shutdown_grace_s", "", float, 30.0, _non_negative),
             models=self.models(root),
             publish=publish,
-            taps=self.taps(root, publish),
+            taps=taps,
             worker=self.worker(root),
+            nats=parse_nats_section(self, root, taps),
         )
 
     def listen(self, root: Mapping) -> Listen:
@@ -403,6 +413,8 @@ class _Parser:
             "response",
             "capacity",
             "endpoint",
+            "transport",
+            "subject",
         }
         raw_name = item.get("name")
         label = raw_name if isinstance(raw_name, str) and raw_name else str(index)
@@ -447,6 +459,7 @@ class _Parser:
             f"tcp://{publish.host}:{publish.base_port + index}",
             _zmq_endpoint,
         )
+        transport, subject = parse_tap_transport(self, item, p, topic)
         return TapConfig(
             name=name,
             topic=topic,
@@ -458,6 +471,8 @@ class _Parser:
             sample_by=self.get(item, "sample_by", p, str, "request", _choice("request", "prefix")),
             response=self.response(item, p) if joined else None,
             capacity=self.get(item, "capacity", p, int, 1024, _at_least_1),
+            transport=transport,
+            subject=subject,
         )
 
     def response(self, item: Mapping, prefix: str) -> ResponseOptions:
@@ -469,6 +484,115 @@ class _Parser:
             max_tokens=self.get(s, "max_tokens", p, (int, type(None)), None, _at_least_1),
             chunk_timing=self.get(s, "chunk_timing", p, bool, False),
         )
+
+
+# -- the JetStream transport (SPEC section 9) ----------------------------------
+#
+# Kept apart from ``_Parser`` on purpose: the section is parsed by these two
+# functions through the parser's helpers, so it moves as one piece.
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+#: JetStream allows at most five replicas of a stream.
+MAX_REPLICAS = 5
+_SUBJECT_RE = re.compile(r"^[^\s.*>]+(\.[^\s.*>]+)*$")
+_STREAM_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+@attrs.frozen
+class NatsConfig:
+    """Where ``nats`` taps publish: the servers and the stream they keep."""
+
+    servers: tuple[str, ...]
+    stream: str = "SHADOW"
+    replicas: int = 1
+    max_bytes: int = 8 * GIB
+    max_age_s: float = 7 * 86400.0
+    #: ``old``: a full stream drops its oldest messages; ``new``: refuses new ones.
+    discard: str = "old"
+
+
+def parse_tap_transport(
+    parser: _Parser, item: Mapping, prefix: str, topic: str
+) -> tuple[str, str | None]:
+    """A tap's ``transport`` and ``subject`` (``subject`` only for ``nats``)."""
+    transport = parser.get(item, "transport", prefix, str, "zmq", _choice("zmq", "nats"))
+    if transport == "zmq":
+        if "subject" in item:
+            expected = "is only allowed with transport: nats (transport is 'zmq')"
+            parser.fail(item, f"{prefix}subject", expected, item["subject"])
+        return transport, None
+    if "endpoint" in item:
+        expected = "is only allowed with transport: zmq (transport is 'nats')"
+        parser.fail(item, f"{prefix}endpoint", expected, item["endpoint"])
+    subject = parser.get(item, "subject", prefix, str, f"shadow.{topic}", _nats_subject)
+    return transport, subject
+
+
+def parse_nats_section(
+    parser: _Parser, root: Mapping, taps: tuple[TapConfig, ...]
+) -> NatsConfig | None:
+    """The top-level ``nats`` section; required when a tap publishes to NATS."""
+    users = [tap for tap in taps if tap.transport == "nats"]
+    if root.get("nats") is None:
+        if users:
+            expected = f"is required when a tap uses transport: nats (tap '{users[0].name}')"
+            parser.fail(root, "nats", expected)
+        return None
+    keys = {"servers", "stream", "replicas", "max_bytes", "max_age_s", "discard"}
+    s = parser.section(root, "nats", "", keys)
+    p = "nats."
+    servers = s.get("servers")
+    if not isinstance(servers, list) or not servers:
+        expected = "is required: a list of at least one NATS server URL"
+        parser.fail(s, f"{p}servers", expected, *(() if servers is None else (servers,)))
+    for server in servers:
+        problem = _nats_url(server) if isinstance(server, str) else "must list URLs"
+        if problem:
+            parser.fail(s, f"{p}servers", problem, server)
+    config = NatsConfig(
+        servers=tuple(servers),
+        stream=parser.get(s, "stream", p, str, "SHADOW", _stream_name),
+        replicas=parser.get(s, "replicas", p, int, 1, _replicas),
+        max_bytes=parser.get(s, "max_bytes", p, int, 8 * GIB, _at_least_1),
+        max_age_s=parser.get(s, "max_age_s", p, float, 7 * 86400.0, _positive),
+        discard=parser.get(s, "discard", p, str, "old", _choice("old", "new")),
+    )
+    items = root.get("taps") or []
+    seen: dict[str, str] = {}
+    for tap, item in zip(taps, items, strict=True):
+        if tap.subject is None:
+            continue
+        name = f"taps[{tap.name}].subject"
+        beat = tap.subject + ".heartbeat"
+        if tap.subject in seen:
+            parser.fail(item, name, "must be unique across taps", tap.subject)
+        for other, owner in seen.items():
+            if beat == other or other + ".heartbeat" == tap.subject:
+                expected = f"must not be, or have as its heartbeat subject, tap '{owner}'s"
+                parser.fail(item, name, expected, tap.subject)
+        seen[tap.subject] = tap.name
+    return config
+
+
+def _nats_subject(value: str) -> str | None:
+    if _SUBJECT_RE.match(value):
+        return None
+    return "must be a NATS subject: dot-separated tokens, no spaces and no wildcards (* or >)"
+
+
+def _nats_url(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in NATS_SCHEMES or not parts.hostname:
+        return "must be a NATS server URL such as nats://host:4222"
+    return None
+
+
+def _stream_name(value: str) -> str | None:
+    return None if _STREAM_RE.match(value) else "must match [A-Za-z0-9_-]+"
+
+
+def _replicas(value: int) -> str | None:
+    return None if 1 <= value <= MAX_REPLICAS else f"must be between 1 and {MAX_REPLICAS}"
 
 
 # -- checks: each returns what was expected, or None ---------------------------
