@@ -20,6 +20,11 @@ any step is caught and counted here; the client never knows.
 
 from __future__ import annotations
 
+# TRANSITIONAL (branch nats, before the issue-11 layout lands): lets the new modules
+# under shadow_proxy/worker/ import while this file is still a module.
+# Delete these two lines when this module moves into the package.
+__path__ = [__file__.removesuffix(".py")]
+
 import collections
 import logging
 import os
@@ -187,12 +192,20 @@ class WorkerMetrics(Collector):
 
 
 class Worker:
-    def __init__(self, config: Config, models: dict[str, LoadedModel], context: zmq.Context):
+    def __init__(
+        self,
+        config: Config,
+        models: dict[str, LoadedModel],
+        context: zmq.Context,
+        link: Any = None,
+    ):
         self.config = config
         self.models = models
         self.preprocessor = Preprocessor(models)
-        self.taps = [Tap(c, q := TapQueue(c), Publisher(context, q)) for c in config.taps]
+        self.taps = [Tap(c, q := TapQueue(c), _publisher(context, q, link)) for c in config.taps]
         self.metrics = WorkerMetrics(self.taps)
+        if link is not None:
+            self.metrics.registry.register(link.metrics)
         self.pending: collections.OrderedDict[bytes, Pending] = collections.OrderedDict()
         self.max_in_flight = config.worker.max_in_flight
         self.lost_seen = 0
@@ -405,12 +418,16 @@ class Worker:
     def drain(self, deadline_s: float) -> int:
         """Publish what is queued for up to ``deadline_s``; returns what was lost."""
         deadline = time.monotonic() + deadline_s
-        while self.pump() and time.monotonic() < deadline:
+        while (self.pump() or self.in_flight()) and time.monotonic() < deadline:
             time.sleep(RETRY_MS / 1000)
         lost = 0
         for tap in self.taps:
             lost += tap.queue.close()
         return lost
+
+    def in_flight(self) -> int:
+        """Records handed to a transport and not yet confirmed (JetStream acks)."""
+        return sum(tap.publisher.in_flight for tap in self.taps)
 
     def listing(self) -> list[dict]:
         return [
@@ -423,6 +440,8 @@ class Worker:
                 "models": list(t.config.models),
                 "sample": t.config.sample,
                 "capacity": t.config.capacity,
+                "transport": t.config.transport,
+                **({"subject": t.config.subject} if t.config.subject else {}),
                 "publisher_id": t.publisher.publisher_id,
                 "next_seq": t.queue.next_seq,
                 "queued": t.queue.queued,
@@ -434,6 +453,24 @@ class Worker:
             }
             for t in self.taps
         ]
+
+
+def _publisher(context: zmq.Context, queue: TapQueue, link: Any) -> Any:
+    """The tap's publisher: its PUB socket, or its share of the JetStream link."""
+    if queue.config.transport == "nats":
+        return link.publisher(queue)
+    return Publisher(context, queue)
+
+
+def _jetstream_link(config: Config) -> Any:
+    """The JetStream link when a tap publishes to NATS (None otherwise); it starts
+    connecting now, while the tokenizers load. Imported only then: nats-py is
+    not loaded by a worker without NATS taps."""
+    if not any(tap.transport == "nats" for tap in config.taps):
+        return None
+    from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+
+    return JetStreamLink.for_config(config)
 
 
 def _load_models(config: Config) -> dict[str, LoadedModel]:
@@ -465,11 +502,16 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
             return False
         return True
 
+    link = _jetstream_link(config)
     try:
-        worker = Worker(config, _load_models(config), context)
+        worker = Worker(config, _load_models(config), context, link)
+        problem = link.startup_problem() if link is not None else None
     except (ModelLoadError, zmq.ZMQError, OSError) as e:
-        message = str(e) if isinstance(e, ModelLoadError) else f"tap socket: {e}"
-        say("error", message=message)
+        problem = str(e) if isinstance(e, ModelLoadError) else f"tap socket: {e}"
+    if problem is not None:
+        say("error", message=problem)
+        if link is not None:
+            link.close()
         control.close(linger=1000)
         context.term()
         return 1
