@@ -50,30 +50,22 @@ its range is counted as tail loss. Idle taps add nothing to the stream.
 from __future__ import annotations
 
 import asyncio
-import collections
-import heapq
-import json
 import logging
 import threading
 import time
 
-import attrs
-import msgpack
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from shadow_proxy.config import Config, NatsConfig
 from shadow_proxy.tap import TapQueue
-from shadow_proxy.wire import HEARTBEAT_SUFFIX, Heartbeat, new_publisher_id
-from shadow_proxy.worker.publishers.jetstream_metrics import JetStreamMetrics, LinkStats, TapStats
+from shadow_proxy.worker.publishers.jetstream_metrics import JetStreamMetrics, LinkStats
 from shadow_proxy.worker.publishers.jetstream_stream import ensure_stream
+from shadow_proxy.worker.publishers.jetstream_tap import JetStreamPublisher
 
 log = logging.getLogger(__name__)
 
-ACK_TIMEOUT_S = 2.0
-RETRY_MAX_S = 10.0
-HEARTBEAT_S = 10.0
 #: How long the worker waits at start-up for the first stream check.
 STARTUP_CHECK_S = 3.0
 #: After a failed stream check (no answer, or subjects not covered).
@@ -89,219 +81,6 @@ TICK_S = 0.05
 IDLE_TICK_S = 1.0
 CLOSE_S = 2.0
 LOG_EVERY_S = 10.0
-
-
-def ack_timeout(attempt: int) -> float:
-    """How long attempt ``attempt`` (1 = the first send) waits before a resend."""
-    return min(ACK_TIMEOUT_S * 2 ** (attempt - 1), RETRY_MAX_S)
-
-
-def envelope_seq(payload: bytes) -> int:
-    """The ``seq`` of an encoded envelope, reading only the map's first keys
-    (``build_envelope`` puts it third; the whole payload is read only if not)."""
-    for head in (memoryview(payload)[:128], payload):
-        unpacker = msgpack.Unpacker(raw=False)
-        unpacker.feed(head)
-        try:
-            for _ in range(unpacker.read_map_header()):
-                if unpacker.unpack() == "seq":
-                    value = unpacker.unpack()
-                    if type(value) is int:
-                        return value
-                    break
-                unpacker.skip()
-            break
-        except msgpack.OutOfData:
-            continue
-        except (ValueError, TypeError, msgpack.UnpackException):
-            break
-    raise ValueError("the payload is not an envelope with an integer 'seq'")
-
-
-@attrs.define
-class InFlight:
-    """A record handed to the link and not yet acknowledged."""
-
-    payload: bytes
-    handed_at: float
-    attempt: int = 0
-    #: Waiting in ``unsent`` (first send, or a resend that is due).
-    queued: bool = True
-
-
-class JetStreamPublisher:
-    """One ``nats`` tap; the worker's side is ``pump``/``heartbeat``/``close``."""
-
-    def __init__(self, link: JetStreamLink, queue: TapQueue, index: int):
-        config = queue.config
-        self.link = link
-        self.queue = queue
-        self.index = index
-        self.capacity = config.capacity
-        self.subject = config.subject
-        self.heartbeat_subject = config.subject + HEARTBEAT_SUFFIX
-        self.publisher_id = new_publisher_id()
-        self.endpoint = f"jetstream://{link.config.stream}/{config.subject}"
-        self.stats = TapStats(config.name)
-        self.handover: collections.deque[bytes] = collections.deque()
-        #: Written by the worker thread only.
-        self.handed = 0
-        self.next_heartbeat = 0.0
-        self.last_state: tuple | None = None
-        #: Written by the link thread only.
-        self.settled = 0
-        self.published = 0
-        self.publish_errors = 0
-        self.window: dict[int, InFlight] = {}
-        self.unsent: collections.deque[int] = collections.deque()
-        self.timeouts: list[tuple[float, int, int]] = []
-        self.headers = {
-            "Shadow-Tap": config.name,
-            "Shadow-Publisher-Id": str(self.publisher_id),
-            "Nats-Expected-Stream": link.config.stream,
-        }
-        self.heartbeat_lock = threading.Lock()
-        self.heartbeat_payload: bytes | None = None
-
-    # -- the worker's thread -----------------------------------------------------
-
-    @property
-    def in_flight(self) -> int:
-        """Records handed to the link and not settled (acknowledged or given up)."""
-        return self.handed - self.settled
-
-    def pump(self) -> bool:
-        """Hand queued records over while the window has room; never waits.
-        True when records are still waiting in the tap's queue."""
-        items = self.queue.items
-        room = min(self.capacity - (self.handed - self.settled), len(items))
-        if room > 0:
-            handover = self.handover
-            for _ in range(room):
-                handover.append(items.popleft())
-            self.handed += room
-            self.link.wake()
-        return bool(items)
-
-    def drain_subscriptions(self) -> None:
-        """Nothing to read: JetStream has no subscriptions to drain."""
-
-    def heartbeat(self, force: bool = False) -> None:
-        """Every ``HEARTBEAT_S``, when the tap's numbers changed, queue a heartbeat."""
-        now = time.monotonic()
-        queue = self.queue
-        state = (queue.next_seq, queue.queued, self.published, self.publish_errors)
-        state += tuple(queue.dropped.values())
-        if not force and (now < self.next_heartbeat or state == self.last_state):
-            return
-        self.next_heartbeat, self.last_state = now + HEARTBEAT_S, state
-        payload = Heartbeat(
-            tap=queue.name,
-            publisher_id=self.publisher_id,
-            next_seq=queue.next_seq,
-            last_transport_sequence=None,
-            queued=queue.queued,
-            published=self.published,
-            dropped={k: v for k, v in queue.dropped.items() if v},
-            publish_errors=self.publish_errors,
-        ).encode()
-        with self.heartbeat_lock:
-            self.heartbeat_payload = payload
-        self.link.wake()
-
-    def close(self) -> None:
-        """The last tap to close stops the link (which settles what is left)."""
-        self.heartbeat(force=True)
-        self.link.release(self)
-
-    # -- the link's thread -------------------------------------------------------
-
-    def take_handover(self, now: float) -> None:
-        handover = self.handover
-        while handover:
-            payload = handover.popleft()
-            try:
-                seq = envelope_seq(payload)
-            except ValueError:
-                self.publish_errors += 1
-                self.settled += 1
-                continue
-            self.window[seq] = InFlight(payload, now)
-            self.unsent.append(seq)
-
-    def expire(self, now: float) -> None:
-        """Records whose acknowledgement is overdue go back to ``unsent``."""
-        timeouts = self.timeouts
-        while timeouts and timeouts[0][0] <= now:
-            _, seq, attempt = heapq.heappop(timeouts)
-            flight = self.window.get(seq)
-            if flight is not None and flight.attempt == attempt and not flight.queued:
-                flight.queued = True
-                self.unsent.append(seq)
-
-    def resend_all(self) -> None:
-        """A new connection: what was in flight on the old one is sent again."""
-        for seq, flight in self.window.items():
-            if not flight.queued:
-                flight.queued = True
-                self.unsent.append(seq)
-
-    async def send(self, nc: NATS, reply_prefix: str, now: float) -> None:
-        prefix = f"{self.publisher_id}.{self.stats.tap}."
-        while self.unsent and nc.is_connected:
-            seq = self.unsent.popleft()
-            flight = self.window.get(seq)
-            if flight is None or not flight.queued:
-                continue
-            headers = {**self.headers, "Nats-Msg-Id": prefix + str(seq), "Shadow-Seq": str(seq)}
-            try:
-                await nc.publish(
-                    self.subject, flight.payload, reply=f"{reply_prefix}{seq}", headers=headers
-                )
-            except NatsError as e:
-                self.publish_errors += 1
-                self.link.note("publish failed: %s", type(e).__name__)
-                self.unsent.appendleft(seq)
-                return
-            flight.queued = False
-            flight.attempt += 1
-            if flight.attempt > 1:
-                self.stats.retries += 1
-            due = now + ack_timeout(flight.attempt)
-            heapq.heappush(self.timeouts, (due, seq, flight.attempt))
-
-    def on_reply(self, seq: int, msg: Msg, now: float) -> bool:
-        """Settle ``seq`` on an acknowledgement. False when the stream is missing."""
-        flight = self.window.get(seq)
-        if flight is None:
-            return True  # a late answer to an earlier attempt of a settled record
-        if msg.headers and msg.headers.get("Status") == "503":
-            self.publish_errors += 1
-            return False
-        try:
-            answer = json.loads(msg.data)
-        except ValueError:
-            answer = {"error": {"description": "not JSON"}}
-        error = answer.get("error") if isinstance(answer, dict) else {"description": "not a map"}
-        if error:
-            self.publish_errors += 1
-            self.link.note("publish refused: %s", str(error.get("description", error))[:200])
-            return True  # resent when its acknowledgement timeout passes
-        del self.window[seq]
-        self.settled += 1
-        self.published += 1
-        self.stats.ack_seconds.observe(max(0.0, now - flight.handed_at))
-        return True
-
-    def take_heartbeat(self) -> bytes | None:
-        with self.heartbeat_lock:
-            payload, self.heartbeat_payload = self.heartbeat_payload, None
-        return payload
-
-    def leftovers(self) -> tuple[int, int]:
-        """(never sent, sent and not acknowledged) among the records still held."""
-        never = len(self.handover) + sum(1 for f in self.window.values() if f.attempt == 0)
-        return never, len(self.window) + len(self.handover) - never
 
 
 class JetStreamLink:
