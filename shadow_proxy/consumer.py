@@ -25,6 +25,11 @@ still arrives into it later counts as a duplicate.
 
 from __future__ import annotations
 
+# TRANSITIONAL (branch nats, before the issue-11 layout lands): lets the new modules
+# under shadow_proxy/consumer/ import while this file is still a module.
+# Delete these two lines when this module moves into the package.
+__path__ = [__file__.removesuffix(".py")]
+
 import argparse
 import bisect
 import collections
@@ -160,9 +165,11 @@ class PublisherTotals:
     def _transport_default(self) -> SeqTracker:
         return SeqTracker(max_holes=self.max_holes)
 
-    def add_record(self, transport_sequence: int, envelope: dict[str, Any]) -> bool:
-        """Count one decoded record; False (and nothing counted) if a duplicate."""
-        self.transport.observe(transport_sequence)
+    def add_record(self, transport_sequence: int | None, envelope: dict[str, Any]) -> bool:
+        """Count one decoded record; False (and nothing counted) if a duplicate.
+        ``transport_sequence`` is None for a transport without one (JetStream)."""
+        if transport_sequence is not None:
+            self.transport.observe(transport_sequence)
         if not self.seqs.observe(envelope["seq"]):
             return False
         self.tap = envelope["tap"]
@@ -332,6 +339,19 @@ class Accounts:
             return
         self._publisher(message.publisher_id).add_heartbeat(heartbeat, now)
 
+    def on_envelope(self, publisher_id: int, envelope: dict[str, Any]) -> bool:
+        """Account for one record read without ZeroMQ framing (a JetStream
+        message: no transport sequence). True if it was new."""
+        reason = _check_record(envelope)
+        if reason is not None:
+            self._reject(reason)
+            return False
+        return self._publisher(publisher_id).add_record(None, envelope)
+
+    def on_heartbeat(self, heartbeat: wire.Heartbeat, now: float) -> None:
+        """Account for a heartbeat read without ZeroMQ framing."""
+        self._publisher(heartbeat.publisher_id).add_heartbeat(heartbeat, now)
+
     @property
     def records(self) -> int:
         return sum(p.records for p in self.publishers.values())
@@ -407,6 +427,11 @@ class RecordFile:
             self.path.unlink(missing_ok=True)
         self._file = self.path.open("wb")
         self._size = 0
+
+    def flush(self) -> None:
+        """Hand what was written to the OS (before the records are acknowledged)."""
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
@@ -499,6 +524,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="how long after a heartbeat a missing tail counts as lost",
     )
+    parser.add_argument(
+        "--nats",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="read the tap from a JetStream stream on this server (repeatable; with --tap "
+        "and --durable)",
+    )
+    parser.add_argument("--stream", default="SHADOW", help="the JetStream stream (with --nats)")
+    parser.add_argument(
+        "--durable", metavar="NAME", help="the durable consumer: readers sharing it split records"
+    )
+    parser.add_argument(
+        "--subject", help="the tap's subject (default shadow.TOPIC, see --topic; with --nats)"
+    )
+    parser.add_argument(
+        "--ack-wait",
+        type=_positive(float),
+        default=30.0,
+        metavar="S",
+        help="unacknowledged records are delivered again after this (a new durable only)",
+    )
     parser.add_argument("--rcvhwm", type=_positive(int), default=100_000)
     parser.add_argument("--max-message-bytes", type=_positive(int), default=256 * 2**20)
     return parser
@@ -531,6 +578,10 @@ def run_consumer(
     err = err or sys.stderr
     parser = build_parser()
     args = parser.parse_args(list(argv))
+    if args.nats:
+        from shadow_proxy.consumer.jetstream import run_jetstream
+
+        return run_jetstream(args, parser, stop=stop or threading.Event(), out=out, err=err)
     endpoints = list(args.endpoint)
     topic = args.topic
     if args.discover:
