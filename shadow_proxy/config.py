@@ -392,7 +392,7 @@ class _Parser:
                     continue
                 if a.topic == b.topic:
                     self.fail(item, f"taps[{a.name}].topic", "must be unique across taps", a.topic)
-                if b.topic.startswith(a.topic):
+                if b.topic.startswith(a.topic) and a.transport == b.transport == "zmq":
                     expected = (
                         f"must not be a prefix of tap '{b.name}'s topic '{b.topic}' "
                         "(ZeroMQ subscriptions match by prefix)"

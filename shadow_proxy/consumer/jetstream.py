@@ -104,7 +104,8 @@ async def _run(
             )
             await _loop(args, source, accounts, recorder, stop, deadline, summary, err)
     finally:
-        with contextlib.suppress(asyncio.CancelledError):
+        opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SourceError, nats.errors.Error, OSError):
             await opening
         await source.close()
         if recorder is not None:

@@ -70,6 +70,17 @@ class TestDefaults:
         )
         assert config.taps[0].subject == "shadow.replay"
 
+    def test_topic_prefix_rule_is_for_zeromq_taps_only(self, tmp_path):
+        body = """\
+            - {name: a, topic: kv, capture: request}
+            - {name: b, topic: kv-js, capture: request, transport: nats}
+            """
+        config = load(tmp_path, with_taps(body))
+        assert [t.topic for t in config.taps] == ["kv", "kv-js"]
+        body = body.replace(", transport: nats", "")
+        message = rejected(tmp_path, with_taps(body))
+        assert_names(message, tmp_path, 7, "taps[a].topic", "prefix", "'kv'")
+
     def test_everything_given(self, tmp_path):
         nats = """\
             nats:
