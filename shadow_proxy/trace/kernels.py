@@ -172,6 +172,9 @@ def lru_profile(lane1, lane2, counts):
                 tree[i] += 1
                 i += i & -i
             now += 1
+        # A block's ancestors are always more recent than it (each touch of it is
+        # followed by touches of them), so depths rise along the chain and this
+        # running maximum only guards the rule "all of blocks 0..k must be hits".
         running = 0
         for k in range(n):
             if running >= 0:
