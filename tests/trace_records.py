@@ -39,6 +39,7 @@ def envelope(
         response = {"outcome": "complete", "output_tokens": output_tokens, "choices": []}
         if end_ms is not None:
             response["end_offset_ns"] = int(end_ms * 1e6)
+            response["first_token_offset_ns"] = int(min(end_ms, 20.5) * 1e6)
     return records.build_envelope(
         tap=tap,
         seq=seq,

@@ -13,12 +13,17 @@ rebuilds block ``i`` as ``block_size`` tokens and the last one as the remainder,
 ``--isl-block-size`` must equal the export's block size), ``session_id`` (when the
 request carries one and sessions are kept).
 
-Dynamo row (``dynamo.request.trace.v1``, ``request_end``; field names and order
-as ``lib/llm/src/request_trace/types.rs`` serialises them): ``schema``,
-``event_type``, ``event_time_unix_ms`` (arrival plus the response's duration when
-the record is joined), ``request``: ``request_id``, ``output_tokens`` (joined
-records), ``request_received_ms``, ``replay``: ``trace_block_size``,
-``input_length``, ``input_sequence_hashes``.
+Dynamo line: as Dynamo 1.6.1's ``jsonl`` request-trace sink writes it (observed
+with ``DYN_REQUEST_TRACE=1``): ``{"timestamp": ms, "event": ROW}``, where our
+``timestamp`` counts from the first request's arrival (Dynamo's from its sink's
+start) and ROW is ``dynamo.request.trace.v1`` / ``request_end`` with the fields,
+in Dynamo's order, that a record can fill: ``event_time_unix_ms`` (arrival plus
+the response's duration when joined), ``request``: ``request_id`` (the proxy's,
+not Dynamo's), ``input_tokens``, ``output_tokens``, ``request_received_ms``,
+``ttft_ms`` and ``total_time_ms`` (joined records; measured at the proxy), and
+``replay``: ``trace_block_size``, ``input_length``, ``input_sequence_hashes``.
+Dynamo-only fields (``cached_tokens``, ``prefill_*``, ``avg_itl_ms``, ``worker``)
+are left out.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class _Pending:
     request_id: str
     end_offset_ns: int | None
     joined: bool
+    first_token_offset_ns: int | None
     blocks: Any  # mooncake: (lane1, lane2); dynamo: list of hashes
 
 
@@ -99,6 +105,7 @@ class Exporter:
                 request_id=request.request_id,
                 end_offset_ns=request.end_offset_ns,
                 joined=request.joined,
+                first_token_offset_ns=request.first_token_offset_ns,
                 blocks=blocks,
             )
         )
@@ -111,7 +118,8 @@ class Exporter:
         pending = sorted(self._pending, key=lambda p: (p.arrival_unix_ns, p.order))
         if self.format == "mooncake":
             return self._mooncake_rows(pending)
-        return [self._dynamo_row(p) for p in pending]
+        first = pending[0].arrival_unix_ns // 1_000_000 if pending else 0
+        return [self._dynamo_line(p, first) for p in pending]
 
     def write(self, out: TextIO) -> int:
         """Write the rows as JSON lines; returns how many."""
@@ -140,23 +148,27 @@ class Exporter:
             rows.append(row)
         return rows
 
-    def _dynamo_row(self, p: _Pending) -> dict[str, Any]:
+    def _dynamo_line(self, p: _Pending, first_ms: int) -> dict[str, Any]:
         received_ms = p.arrival_unix_ns // 1_000_000
         event_ms = received_ms
-        if p.end_offset_ns is not None:
-            event_ms += round(p.end_offset_ns / 1e6)
-        request: dict[str, Any] = {"request_id": p.request_id}
+        request: dict[str, Any] = {"request_id": p.request_id, "input_tokens": p.input_length}
         if p.joined and p.output_length is not None:
             request["output_tokens"] = p.output_length
         request["request_received_ms"] = received_ms
+        if p.joined and p.first_token_offset_ns is not None:
+            request["ttft_ms"] = p.first_token_offset_ns / 1e6
+        if p.joined and p.end_offset_ns is not None:
+            request["total_time_ms"] = p.end_offset_ns / 1e6
+            event_ms += round(p.end_offset_ns / 1e6)
         request["replay"] = {
             "trace_block_size": self.block_size,
             "input_length": p.input_length,
             "input_sequence_hashes": p.blocks,
         }
-        return {
+        event = {
             "schema": DYNAMO_SCHEMA,
             "event_type": "request_end",
             "event_time_unix_ms": event_ms,
             "request": request,
         }
+        return {"timestamp": event_ms - first_ms, "event": event}

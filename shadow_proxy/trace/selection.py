@@ -37,6 +37,8 @@ class TraceRequest:
     end_offset_ns: int | None
     #: a ``request_response`` record (it carries the response)
     joined: bool
+    #: joined records only: the first output token, in ns after arrival
+    first_token_offset_ns: int | None = None
 
     @property
     def input_length(self) -> int:
@@ -117,10 +119,11 @@ class Selection:
             self.invalid["bad_token_ids"] += 1
             return None
         response = envelope.get("response")
-        end_offset = None
+        end_offset = first_token = None
         if isinstance(response, Mapping):
             output_length = _count(response.get("output_tokens"))
             end_offset = _count(response.get("end_offset_ns"))
+            first_token = _count(response.get("first_token_offset_ns"))
         else:
             stop = request.get("stop_conditions")
             output_length = _count(stop.get("max_tokens")) if isinstance(stop, Mapping) else None
@@ -136,6 +139,7 @@ class Selection:
             session_id=_session_id(request),
             end_offset_ns=end_offset,
             joined=isinstance(response, Mapping),
+            first_token_offset_ns=first_token,
         )
 
     def summary(self) -> dict[str, Any]:

@@ -87,31 +87,38 @@ class TestDynamo:
         assert code == 0
         received = (T0 + 3_700_000) // 1_000_000
         assert rows[0] == {
-            "schema": "dynamo.request.trace.v1",
-            "event_type": "request_end",
-            "event_time_unix_ms": received + 250,
-            "request": {
-                "request_id": "req-kv-0",
-                "output_tokens": 12,
-                "request_received_ms": received,
-                "replay": {
-                    "trace_block_size": 64,
-                    "input_length": 150,
-                    "input_sequence_hashes": dynamo_sequence_hashes(tokens, 64),
+            "timestamp": 250,
+            "event": {
+                "schema": "dynamo.request.trace.v1",
+                "event_type": "request_end",
+                "event_time_unix_ms": received + 250,
+                "request": {
+                    "request_id": "req-kv-0",
+                    "input_tokens": 150,
+                    "output_tokens": 12,
+                    "request_received_ms": received,
+                    "ttft_ms": 20.5,
+                    "total_time_ms": 250.4,
+                    "replay": {
+                        "trace_block_size": 64,
+                        "input_length": 150,
+                        "input_sequence_hashes": dynamo_sequence_hashes(tokens, 64),
+                    },
                 },
             },
         }
-        assert list(rows[0]) == ["schema", "event_type", "event_time_unix_ms", "request"]
-        assert "output_tokens" not in rows[1]["request"]  # a request record: not known
-        assert rows[1]["event_time_unix_ms"] == rows[1]["request"]["request_received_ms"]
+        assert list(rows[0]["event"]) == ["schema", "event_type", "event_time_unix_ms", "request"]
+        second = rows[1]["event"]["request"]
+        assert "output_tokens" not in second and "total_time_ms" not in second  # request record
+        assert rows[1]["event"]["event_time_unix_ms"] == second["request_received_ms"]
+        assert rows[1]["timestamp"] == 6  # ms: 9 - 3 (arrivals floored to ms)
 
     def test_block_size(self, tmp_path):
         _, rows = export(
             tmp_path, [envelope(0, range(10))], "--format", "dynamo", "--block-size", "4"
         )
-        assert rows[0]["request"]["replay"]["input_sequence_hashes"] == dynamo_sequence_hashes(
-            range(10), 4
-        )
+        replay = rows[0]["event"]["request"]["replay"]
+        assert replay["input_sequence_hashes"] == dynamo_sequence_hashes(range(10), 4)
 
 
 class TestBadInput:
