@@ -59,8 +59,8 @@ from bench.proxy_bench import (
     rss_mb,
     wait_http,
 )
+from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
-from shadow_proxy.loadgen import LoadSpec, run_load
 
 CASES = ("taps-zmq", "taps-nats")
 _RUN = itertools.count(1)

@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from shadow_proxy import modeldirs
+from shadow_proxy.devtools import modeldirs
 from shadow_proxy.exchange import Route
-from shadow_proxy.preprocess import Preprocessor
-from shadow_proxy.preprocessed import PreprocessedRequest
-from shadow_proxy.tokenizer import load_model
+from shadow_proxy.records.preprocessed import PreprocessedRequest
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import load_model
 
 TARGETS = (128, 2048, 16384)
 FILLER = "the quick brown fox jumps over a lazy dog while shadow proxies mirror traffic 😀 "

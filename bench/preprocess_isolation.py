@@ -29,7 +29,7 @@ from pathlib import Path
 
 import aiohttp
 
-from shadow_proxy.loadgen import LoadSpec, run_load
+from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".models" / "deepseek"
@@ -62,11 +62,11 @@ def write_config(path: Path, port: int, upstream: str, taps: bool) -> None:
 INLINE_SERVER = """
 import sys, uvloop
 from aiohttp import web
-from shadow_proxy.app import make_app
+from shadow_proxy.serving.app import make_app
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import classify
-from shadow_proxy.preprocess import Preprocessor
-from shadow_proxy.tokenizer import load_model
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import load_model
 
 config = Config.from_yaml(sys.argv[1])
 models = {m.name: load_model(m.name, m.tokenizer, m.context_length) for m in config.models}

@@ -57,7 +57,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from shadow_proxy.loadgen import LoadSpec, percentile, run_load
+from shadow_proxy.devtools.loadgen import LoadSpec, percentile, run_load
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

@@ -10,7 +10,7 @@ import tracemalloc
 
 sys.path.insert(0, ".")
 from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.recorder import ResponseRecorder
+from shadow_proxy.worker.response.recorder import ResponseRecorder
 
 WORDS = ["the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ".", " Über", " 🙂"]
 

@@ -43,7 +43,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvloop
     from aiohttp import web
 
-    from shadow_proxy.app import make_app
+    from shadow_proxy.serving.app import make_app
 
     try:
         config = load_config(args.config)
@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
         config.upstream.url,
         len(config.taps),
     )
-    from shadow_proxy.supervisor import StartupError
+    from shadow_proxy.serving.supervisor import StartupError
 
     try:
         web.run_app(
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.log_level)
     passthrough = getattr(args, "passthrough", None)
     if passthrough == "mock-frontend":
-        from shadow_proxy.mock_frontend import run_mock_frontend
+        from shadow_proxy.devtools.frontend import run_mock_frontend
 
         return run_mock_frontend(rest)
     if passthrough == "consumer":
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if passthrough == "bench":
         return bench_main(rest)
     if passthrough == "demo":
-        from shadow_proxy.demo import run_demo
+        from shadow_proxy.devtools.demo import run_demo
 
         return run_demo(rest)
     if rest:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def consumer_main(argv: list[str] | None = None) -> int:
-    from shadow_proxy.consumer import consumer_main as run
+    from shadow_proxy.consumer.main import consumer_main as run
 
     return run(argv)
 

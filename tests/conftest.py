@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy.app import make_app
 from shadow_proxy.config import Config
+from shadow_proxy.serving.app import make_app
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -111,6 +111,6 @@ def require_dynamo() -> Path:
 @pytest.fixture(scope="session")
 def model_dirs() -> dict[str, Path]:
     """The two local model directories (built here if ``make models`` has not run)."""
-    from shadow_proxy.modeldirs import build_all
+    from shadow_proxy.devtools.modeldirs import build_all
 
     return build_all(MODELS_DIR)

@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from shadow_proxy import consumer, records, wire
-from shadow_proxy.consumer import Accounts, SeqTracker
+from shadow_proxy.consumer import main as consumer
+from shadow_proxy.consumer.accounting import Accounts
+from shadow_proxy.records import envelope as records
+from shadow_proxy.records import files, wire
+from shadow_proxy.records.discovery import discover
+from shadow_proxy.records.seqs import SeqTracker
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "shadow-requests-a"
@@ -205,7 +209,7 @@ class TestUndecodable:
             (record_frames(0, topic="shadow"), "topic"),
             (wire.encode_frames(TOPIC, 1, 0, 0, b"\x93\x01\x02\x03"), "envelope"),
             (record_frames(0, schema_version=2), "schema"),
-            (record_frames(0, request={"model": "m"}), "record"),
+            (record_frames(0, request={"model": "m", "token_ids": "12"}), "record"),
             (record_frames(0, tap=5), "record"),
             (wire.encode_frames(wire.heartbeat_topic(TOPIC), 1, 0, 0, b"\x80"), "heartbeat"),
         ],
@@ -230,14 +234,14 @@ class TestRecordFile:
 
     def test_rotation(self, tmp_path):
         path = tmp_path / "records.bin"
-        recorder = consumer.RecordFile(path, max_bytes=30, keep=2)
-        payloads = [bytes([i]) * 10 for i in range(7)]  # 14 bytes with the prefix
-        for payload in payloads:
-            recorder.write(payload)
+        recorder = files.RecordFile(path, max_bytes=150, keep=2)
+        payloads = [bytes([i]) * 10 for i in range(7)]
+        for i, payload in enumerate(payloads):  # 71 bytes an entry with the prefix
+            recorder.write(wire.Message("t", 1, i, 0, payload))
         recorder.close()
-        assert consumer.read_record_file(path) == payloads[6:]
-        assert consumer.read_record_file(tmp_path / "records.bin.1") == payloads[4:6]
-        assert consumer.read_record_file(tmp_path / "records.bin.2") == payloads[2:4]
+        assert files.read_payloads(path) == payloads[6:]
+        assert files.read_payloads(tmp_path / "records.bin.1") == payloads[4:6]
+        assert files.read_payloads(tmp_path / "records.bin.2") == payloads[2:4]
         assert not (tmp_path / "records.bin.3").exists()
 
 
@@ -310,7 +314,7 @@ class TestRunner:
         assert summary["endpoints"] == [endpoint]
         assert [p["records"] for p in summary["publishers"]] == [5]
         assert summary["undecodable"].get("topic", 0) >= 1  # the sibling topic, rejected
-        raw = consumer.read_record_file(record_path)
+        raw = files.read_payloads(record_path)
         assert len(raw) == 5
         assert wire.decode_envelope(raw[0])["tap"] == "a"
         assert not list(tmp_path.glob(".*.tmp"))
@@ -320,7 +324,7 @@ class TestRunner:
         with publisher() as (sock, endpoint):
             proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "shadow_proxy.consumer", "--endpoint", endpoint),
+                    *(sys.executable, "-m", "shadow_proxy.consumer.main", "--endpoint", endpoint),
                     *("--topic", TOPIC, "--interval", "0.05", "--summary-path", str(summary_path)),
                 ],
                 cwd=ROOT,
@@ -374,9 +378,9 @@ class TestDiscovery:
         thread.start()
         try:
             url = f"http://127.0.0.1:{server.server_port}/shadow/taps"
-            assert consumer.discover(url, "a") == (TOPIC, "tcp://127.0.0.1:5557")
+            assert discover(url, "a") == (TOPIC, "tcp://127.0.0.1:5557")
             with pytest.raises(LookupError, match="'missing' not found"):
-                consumer.discover(url, "missing")
+                discover(url, "missing")
         finally:
             server.shutdown()
             server.server_close()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shadow_proxy import demo
+from shadow_proxy.devtools import demo
 
 TAPS = ("kv-history-tracker", "shadow-replay")
 

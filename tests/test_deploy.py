@@ -636,8 +636,8 @@ class TestMetricNames:
         try:
             from prometheus_client import CollectorRegistry
 
-            from shadow_proxy.metrics import ProxyMetrics
-            from shadow_proxy.worker import WorkerMetrics
+            from shadow_proxy.serving.metrics import ProxyMetrics
+            from shadow_proxy.worker.metrics import WorkerMetrics
             from shadow_proxy.worker.publishers.jetstream_metrics import (
                 JetStreamMetrics,
                 LinkStats,

@@ -40,8 +40,8 @@ import pytest
 import pytest_asyncio
 import zmq
 
-from shadow_proxy import wire
-from shadow_proxy.loadgen import LoadSpec, make_prompt
+from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt
+from shadow_proxy.records import wire
 from tests.conftest import free_port, proxy_config, require_dynamo, run_proxy, wait_for
 from tests.dynamo_harness import REPO, DynamoProcs, start_dynamo
 
@@ -148,7 +148,7 @@ class RecordCollector:
 def dynamo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DynamoProcs]:
     """The Dynamo frontend with a ``deepseek`` and a ``chatml`` mocker."""
     require_dynamo()
-    from shadow_proxy.modeldirs import build_all
+    from shadow_proxy.devtools.modeldirs import build_all
 
     build_all(MODELS)
     scratch = tmp_path_factory.mktemp("dynamo")
@@ -606,7 +606,7 @@ class TestDemo:
         """``shadow-proxy demo --frontend`` (its own proxy and consumers, as
         processes) against the module's Dynamo; the tables are printed (``-s``)
         and kept in ``demo-tables.txt`` of the test's tmp dir."""
-        from shadow_proxy.demo import run_demo
+        from shadow_proxy.devtools.demo import run_demo
 
         results = tmp_path / "demo.json"
         out = io.StringIO()

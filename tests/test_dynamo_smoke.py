@@ -19,7 +19,7 @@ MODEL_DIR = REPO / ".models" / "deepseek"
 def dynamo(tmp_path_factory: pytest.TempPathFactory):
     require_dynamo()
     if not (MODEL_DIR / "tokenizer.json").exists():
-        pytest.fail(f"{MODEL_DIR} missing; run `python -m shadow_proxy.modeldirs .models`")
+        pytest.fail(f"{MODEL_DIR} missing; run `python -m shadow_proxy.devtools.modeldirs .models`")
     procs = start_dynamo(MODEL_DIR, "deepseek", tmp_path_factory.mktemp("dynamo"), speedup=1000)
     yield procs
     procs.stop()

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shadow_proxy import filters
-from shadow_proxy.filters import FilterSet
-from shadow_proxy.preprocessed import FIELD_NAMES, PreprocessedRequest
+from shadow_proxy.records import filters
+from shadow_proxy.records.filters import FilterSet
+from shadow_proxy.records.preprocessed import FIELD_NAMES, PreprocessedRequest
 
 SECRET = "sk-live-SECRET-0123456789"
 

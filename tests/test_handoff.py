@@ -6,8 +6,8 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.exchange import Route
-from shadow_proxy.handoff import Handoff
-from shadow_proxy.metrics import ProxyMetrics
+from shadow_proxy.serving.handoff import Handoff
+from shadow_proxy.serving.metrics import ProxyMetrics
 
 
 class TestByteBound:
@@ -56,7 +56,8 @@ class TestWorkerFailures:
 
     def test_malformed_message_counted_not_fatal(self, tmp_path, caplog):
         from shadow_proxy.config import Config
-        from shadow_proxy.worker import Worker, _safely
+        from shadow_proxy.worker.joiner import Joiner
+        from shadow_proxy.worker.main import handle_safely
 
         config = Config.from_mapping(
             {
@@ -65,19 +66,13 @@ class TestWorkerFailures:
                 "taps": [{"name": "t", "capture": "request", "endpoint": f"ipc://{tmp_path}/t"}],
             }
         )
-        context = zmq.Context()
-        worker = Worker(config, {}, context)
-        try:
-            secret = b"sk-secret-in-a-body"
-            _safely(worker, [b"q" + b"\0" * 8 + b"short-meta", secret])
-            failures = worker.metrics.registry.get_sample_value(
-                "shadow_worker_failures_total", {"exception": "struct.error"}
-            )
-            assert failures == 1
-            assert "hand-off message dropped: struct.error at" in caplog.text
-            assert "sk-secret" not in caplog.text
-            assert "unpack requires" not in caplog.text, "the exception's message is logged"
-        finally:
-            for tap in worker.taps:
-                tap.publisher.close()
-            context.term()
+        joiner = Joiner(config, {})
+        secret = b"sk-secret-in-a-body"
+        handle_safely(joiner, [b"q" + b"\0" * 8 + b"short-meta", secret])
+        failures = joiner.metrics.registry.get_sample_value(
+            "shadow_worker_failures_total", {"exception": "struct.error"}
+        )
+        assert failures == 1
+        assert "hand-off message dropped: struct.error at" in caplog.text
+        assert "sk-secret" not in caplog.text
+        assert "unpack requires" not in caplog.text, "the exception's message is logged"

@@ -27,17 +27,17 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 
-from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.mock_frontend import (
+from shadow_proxy.devtools.frontend import (
     STATS_KEY,
     MockConfig,
     ServedModel,
     load_models,
     serve_mock_frontend,
 )
-from shadow_proxy.recorder import ResponseRecorder
-from shadow_proxy.tokenizer import LoadedModel, load_model
-from shadow_proxy.wire import Heartbeat, decode_envelope, decode_frames, heartbeat_topic
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.records.wire import Heartbeat, decode_envelope, decode_frames, heartbeat_topic
+from shadow_proxy.worker.request.tokenizer import LoadedModel, load_model
+from shadow_proxy.worker.response.recorder import ResponseRecorder
 from tests.conftest import free_port, proxy_config, run_proxy, wait_for
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]

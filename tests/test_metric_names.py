@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 import yaml
 
-from shadow_proxy.mock_frontend import MockConfig
-from shadow_proxy.mock_frontend import make_app as mock_app
+from shadow_proxy.devtools.frontend import MockConfig
+from shadow_proxy.devtools.frontend import make_app as mock_app
 from tests.conftest import ROOT, free_port, proxy_config, run_proxy, serve, wait_for
 
 NAME = re.compile(r"\bshadow_[a-z_]+[a-z]\b")

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from shadow_proxy.mock_frontend import (
+from shadow_proxy.devtools.frontend import (
     PROMPT_CACHE_SIZE,
     STATS_KEY,
     Faults,
@@ -28,7 +28,7 @@ from shadow_proxy.mock_frontend import (
     run_mock_frontend,
     serve_mock_frontend,
 )
-from shadow_proxy.modeldirs import build_all
+from shadow_proxy.devtools.modeldirs import build_all
 
 MODELS_ROOT = Path(__file__).resolve().parents[1] / ".models"
 MODEL_NAMES = ("deepseek", "chatml")

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shadow_proxy import modeldirs
+from shadow_proxy.devtools import modeldirs
 from shadow_proxy.exchange import Route
-from shadow_proxy.preprocess import NOT_MIRRORED_REASONS, NotMirrored, Preprocessor
-from shadow_proxy.preprocessed import PreprocessedRequest
-from shadow_proxy.tokenizer import ModelLoadError, checksum, load_model
+from shadow_proxy.records.preprocessed import PreprocessedRequest
+from shadow_proxy.worker.request.fields import NOT_MIRRORED_REASONS, NotMirrored
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import ModelLoadError, checksum, load_model
 
 ARRIVAL_NS = 1_700_000_000_123_456_789
 MODELS = ("deepseek", "chatml")

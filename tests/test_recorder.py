@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.recorder import ObservedResponse, ResponseRecorder
+from shadow_proxy.worker.response.observed import ObservedResponse
+from shadow_proxy.worker.response.recorder import ResponseRecorder
 
 SSE = "text/event-stream"
 JSON = "application/json"

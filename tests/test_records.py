@@ -5,7 +5,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from shadow_proxy import records, wire
+from shadow_proxy.records import envelope as records
+from shadow_proxy.records import wire
 
 
 def envelope(**overrides):

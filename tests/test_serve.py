@@ -14,8 +14,8 @@ import openai
 import pytest
 from aiohttp import web
 
-from shadow_proxy.mock_frontend import MockConfig
-from shadow_proxy.mock_frontend import make_app as mock_app
+from shadow_proxy.devtools.frontend import MockConfig
+from shadow_proxy.devtools.frontend import make_app as mock_app
 from tests.conftest import free_port, proxy_config, run_proxy, serve, wait_for
 
 

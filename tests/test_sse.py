@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shadow_proxy.sse import LINE_OVERHEAD, MAX_COMMENTS, SSEEvent, SSEParser
+from shadow_proxy.worker.response.sse import LINE_OVERHEAD, MAX_COMMENTS, SSEEvent, SSEParser
 
 
 def parse(*chunks: bytes, max_event_bytes: int = 1 << 20) -> tuple[list[SSEEvent], SSEParser]:

@@ -1,6 +1,6 @@
 """Taps end to end (issue 4): the real proxy and worker, the mock frontend, real SUB sockets.
 
-Records are read with ``shadow_proxy.wire`` from raw frames, as a consumer written
+Records are read with ``shadow_proxy.records.wire`` from raw frames, as a consumer written
 to SPEC sections 3 and 4 would read them.
 """
 
@@ -24,11 +24,11 @@ import aiohttp
 import pytest
 import zmq
 
-from shadow_proxy import wire
-from shadow_proxy.app import HANDLER, TAPS
 from shadow_proxy.config import Config
-from shadow_proxy.mock_frontend import MockConfig
-from shadow_proxy.mock_frontend import make_app as mock_app
+from shadow_proxy.devtools.frontend import MockConfig
+from shadow_proxy.devtools.frontend import make_app as mock_app
+from shadow_proxy.records import wire
+from shadow_proxy.serving.app import HANDLER, TAPS
 from tests.conftest import ROOT, free_port, proxy_config, run_proxy, serve, wait_for
 
 SECRET = "sk-test-SECRET-7f3a9c"
@@ -721,7 +721,7 @@ def metric_value(text: str, line_prefix: str) -> float:
 
 SUBSCRIBER = """
 import sys, zmq
-from shadow_proxy import wire
+from shadow_proxy.records import wire
 endpoint, topic, out = sys.argv[1:4]
 ctx = zmq.Context()
 sock = ctx.socket(zmq.SUB)

@@ -7,7 +7,7 @@ import shutil
 
 from tokenizers import Tokenizer, normalizers
 
-from shadow_proxy.tokenizer import load_model
+from shadow_proxy.worker.request.tokenizer import load_model
 
 
 class TestEncodeFollowsTokenizerJson:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shadow_proxy import wire
+from shadow_proxy.records import wire
 
 U64 = st.integers(min_value=0, max_value=2**64 - 1)
 

@@ -1,48 +1,48 @@
 """Records from a JetStream stream, read with a durable pull consumer (SPEC 8 and 9).
 
-``JetStreamSource`` is an async iterator of ``StreamRecord`` (the decoded
-envelope with its ``(publisher_id, tap, seq)``). Nothing is acknowledged by
-the source: the caller handles a record (counts it, writes it, replays it) and
-then calls ``ack``; a record not acknowledged within the consumer's
-``ack_wait`` is delivered again, to this process or to another one sharing the
-durable. So a reader that dies loses nothing, and a restarted one resumes at
-the durable's position. Several processes on one durable split the records:
-the way to scale a reader out.
+``JetStreamSource`` is the ``RecordSource`` that ``sources.open_source`` opens
+for ``--nats URL --stream S --tap NAME --durable NAME``. It yields a
+``Delivery`` per record and acknowledges nothing on its own: the caller handles
+the record (counts it, writes it, replays it) and then ``await
+delivery.ack()``. A record not acknowledged within the durable's ``ack_wait``
+is delivered again, to this process or to another one on the same durable, so
+a reader that dies loses nothing and a restarted one resumes at the durable's
+position. Several processes on one durable split the records: the way to
+scale a reader out.
 
-Delivery is at least once; counting each ``(publisher_id, tap, seq)`` once is
-the caller's part (``consumer.Accounts`` does it), so a redelivery is never
-counted twice in one process.
+Delivery is at least once; with ``dedup`` each ``(publisher_id, tap, seq)`` is
+yielded once per process (a redelivery of a record already yielded is
+acknowledged here and counted in ``stats.duplicates``).
 
-The durable consumer filters the tap's subject and its heartbeat subject
-(``{subject}.heartbeat``). Heartbeats are handed to ``on_heartbeat`` and
-acknowledged by the source. A message that is not a record of this tap (bad
-headers, not MessagePack, another tap's name) is counted in ``rejected`` by
-a fixed reason word, acknowledged so that it is not delivered again, and
-skipped: never fatal.
+The durable filters the tap's subject and its heartbeat subject
+(``{subject}.heartbeat``); heartbeats are acknowledged when read. A message
+that is not a record of this tap (no Shadow headers, another tap, not
+MessagePack, not an envelope) is counted in ``stats.unreadable`` by a fixed
+reason word, acknowledged so that it is not delivered again, and skipped.
 
-The subject of a tap is the one the proxy uses: ``shadow.{topic}``, the
-topic defaulting to ``shadow-requests-{tap}`` (pass ``subject`` when the tap
-names its own).
+Each delivery's ``message`` carries the publisher's headers as SPEC 4's
+transport fields: ``publisher_id`` from ``Shadow-Publisher-Id``, ``sequence``
+from ``Shadow-Transport-Seq`` (dense per publisher: a gap is a record lost
+after the publisher took it over), ``published_at`` the stream's timestamp.
+
+The subject of a tap is the proxy's: ``shadow.{topic}``, the topic defaulting
+to ``shadow-requests-{tap}`` (pass ``topic`` or ``subject`` when the tap names
+its own).
 """
 
 from __future__ import annotations
 
-import collections
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import attrs
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import api
 
-from shadow_proxy.records import missing_fields
-from shadow_proxy.wire import HEARTBEAT_SUFFIX, Heartbeat, WireError, decode_envelope
-
-log = logging.getLogger(__name__)
+from shadow_proxy.records import wire
+from shadow_proxy.records.sources import Delivery, RecordSource, SourceError
 
 DEFAULT_STREAM = "SHADOW"
 #: How long a delivered record may stay unacknowledged before it is delivered
@@ -51,10 +51,7 @@ DEFAULT_ACK_WAIT_S = 30.0
 DEFAULT_BATCH = 256
 #: At most this many records delivered and not acknowledged, per durable.
 MAX_ACK_PENDING = 4096
-
-
-class SourceError(RuntimeError):
-    """The stream or the durable cannot be read as asked; the message says why."""
+FETCH_WAIT_S = 1.0
 
 
 def default_subject(tap: str, topic: str | None = None) -> str:
@@ -62,60 +59,60 @@ def default_subject(tap: str, topic: str | None = None) -> str:
     return f"shadow.{topic or f'shadow-requests-{tap}'}"
 
 
-@attrs.frozen
-class StreamRecord:
-    """One record read from the stream; ``ack`` it once handled."""
+class JetStreamSource(RecordSource):
+    """A durable pull consumer on one tap's subject (opened on first iteration)."""
 
-    publisher_id: int
-    tap: str
-    seq: int
-    envelope: dict[str, Any]
-    #: The envelope's MessagePack, as published (for record files).
-    payload: bytes
-    stream_sequence: int
-    #: 1 on the first delivery, more on a redelivery.
-    deliveries: int
-    message: Msg = attrs.field(eq=False, repr=False)
+    live = True
+    redelivers = True
 
-
-@attrs.define
-class JetStreamSource:
-    """A durable pull consumer on one tap's subject; ``async with`` opens it."""
-
-    servers: Sequence[str]
-    tap: str
-    durable: str
-    stream: str = DEFAULT_STREAM
-    subject: str | None = None
-    ack_wait_s: float = DEFAULT_ACK_WAIT_S
-    batch: int = DEFAULT_BATCH
-    on_heartbeat: Callable[[Heartbeat], None] | None = None
-    rejected: dict[str, int] = attrs.field(factory=dict)
-    _nc: Any = None
-    _sub: Any = None
-    _ready: collections.deque[StreamRecord] = attrs.field(factory=collections.deque)
+    def __init__(
+        self,
+        servers: Sequence[str],
+        stream: str,
+        tap: str,
+        durable: str,
+        *,
+        topic: str | None = None,
+        subject: str | None = None,
+        ack_wait_s: float = DEFAULT_ACK_WAIT_S,
+        batch: int = DEFAULT_BATCH,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.servers = list(servers)
+        self.stream = stream
+        self.tap = tap
+        self.durable = durable
+        self.subject = subject or default_subject(tap, topic)
+        #: What the consumer's accounts and summary call the source.
+        self.topic = self.subject
+        self.endpoints = self.servers
+        self.ack_wait_s = ack_wait_s
+        self.batch = batch
+        self._nc: Any = None
+        self._sub: Any = None
 
     @property
     def filter_subjects(self) -> list[str]:
-        subject = self.subject or default_subject(self.tap)
-        return [subject, subject + HEARTBEAT_SUFFIX]
+        return [self.subject, wire.heartbeat_topic(self.subject)]
 
-    async def __aenter__(self) -> JetStreamSource:
-        await self.open()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    def describe(self) -> str:
+        return (
+            f"stream {self.stream} subject {self.subject} durable {self.durable} "
+            f"at {','.join(self.servers)}"
+        )
 
     async def open(self) -> None:
+        """Connect and bind the durable (created if it does not exist). Raises
+        ``SourceError`` when the stream is missing or the durable reads other
+        subjects (another tap's readers chose the same name)."""
         self._nc = await nats.connect(
-            servers=list(self.servers),
-            name=f"shadow-consumer {self.durable}",
+            servers=self.servers,
+            name=f"shadow reader {self.durable}",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             connect_timeout=2,
         )
-        js = self._nc.jetstream()
         config = api.ConsumerConfig(
             durable_name=self.durable,
             filter_subjects=self.filter_subjects,
@@ -124,109 +121,63 @@ class JetStreamSource:
             ack_wait=self.ack_wait_s,
             max_ack_pending=MAX_ACK_PENDING,
         )
+        js = self._nc.jetstream()
         try:
             self._sub = await js.pull_subscribe(
                 None, durable=self.durable, stream=self.stream, config=config
             )
             info = await self._sub.consumer_info()
         except nats.js.errors.NotFoundError as e:
-            await self.close()
+            await self.aclose()
             msg = f"no JetStream stream {self.stream!r} at {', '.join(self.servers)}"
             raise SourceError(msg) from e
         found = info.config.filter_subjects or [info.config.filter_subject]
         if sorted(filter(None, found)) != sorted(self.filter_subjects):
-            await self.close()
+            await self.aclose()
             msg = (
                 f"durable {self.durable!r} of stream {self.stream!r} reads {found}, not "
                 f"{self.filter_subjects}: choose another --durable for this tap"
             )
             raise SourceError(msg)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
             await self._nc.close()
 
-    def __aiter__(self) -> JetStreamSource:
-        return self
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        if self._sub is None:
+            await self.open()
+        while True:
+            try:
+                messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            for message in messages:
+                delivery = self._delivery(message)
+                if delivery is None or delivery.heartbeat is not None:
+                    await message.ack()
+                if delivery is not None:
+                    yield delivery
 
-    async def __anext__(self) -> StreamRecord:
-        while not self._ready:
-            self._ready.extend(await self.fetch(5.0))
-        return self._ready.popleft()
-
-    async def fetch(self, timeout: float) -> list[StreamRecord]:
-        """The records delivered within ``timeout`` (at most ``batch``; maybe none)."""
-        try:
-            messages = await self._sub.fetch(self.batch, timeout=timeout)
-        except (nats.errors.TimeoutError, TimeoutError):
-            return []
-        records = []
-        for message in messages:
-            record = self._decode(message)
-            if record is None:
-                await message.ack()
-            else:
-                records.append(record)
-        return records
-
-    async def ack(self, records: Sequence[StreamRecord]) -> None:
-        """Acknowledge handled records; returns once the acks left for the server."""
-        for record in records:
-            await record.message.ack()
-        await self._nc.flush()
-
-    async def release(self, records: Sequence[StreamRecord]) -> None:
-        """Give records back unhandled: they are delivered again at once."""
-        for record in records:
-            await record.message.nak()
-        await self._nc.flush()
-
-    def _reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
-    def _decode(self, message: Msg) -> StreamRecord | None:
-        """The record a message holds; None (counted, or a heartbeat handed on) if not."""
+    def _delivery(self, message: Msg) -> Delivery | None:
+        """The delivery a message makes; None (counted) when it is none."""
         headers = message.headers or {}
         try:
             publisher_id = int(headers["Shadow-Publisher-Id"])
             tap = headers["Shadow-Tap"]
+            sequence = int(headers.get("Shadow-Transport-Seq") or headers.get("Shadow-Seq", 0))
         except (KeyError, ValueError):
-            self._reject("headers")
+            self.stats.reject("headers", len(message.data))
             return None
         if tap != self.tap:
-            self._reject("tap")
+            self.stats.reject("tap", len(message.data))
             return None
-        if message.subject.endswith(HEARTBEAT_SUFFIX):
-            try:
-                heartbeat = Heartbeat.decode(message.data)
-            except WireError as e:
-                self._reject(e.reason)
-                return None
-            if heartbeat.publisher_id != publisher_id or heartbeat.tap != tap:
-                self._reject("heartbeat")
-            elif self.on_heartbeat is not None:
-                self.on_heartbeat(heartbeat)
-            return None
-        try:
-            envelope = decode_envelope(message.data)
-            seq = int(headers["Shadow-Seq"])
-        except WireError as e:
-            self._reject(e.reason)
-            return None
-        except (KeyError, ValueError):
-            self._reject("headers")
-            return None
-        if missing_fields(envelope) or envelope["seq"] != seq or envelope["tap"] != tap:
-            self._reject("record")
-            return None
-        metadata = message.metadata
-        return StreamRecord(
-            publisher_id=publisher_id,
-            tap=tap,
-            seq=seq,
-            envelope=envelope,
-            payload=message.data,
-            stream_sequence=metadata.sequence.stream,
-            deliveries=metadata.num_delivered,
-            message=message,
+        stamp = message.metadata.timestamp
+        published_at_ms = int(stamp.timestamp() * 1000) if stamp is not None else 0
+        transport = wire.Message(
+            message.subject, publisher_id, max(0, sequence), published_at_ms, message.data
         )
+        where = f"{self.stream}#{message.metadata.sequence.stream}"
+        if message.subject == self.subject:
+            return self._record(transport, where, ack=message.ack)
+        return self._heartbeat(transport, where)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from shadow_proxy.config import Config
-from shadow_proxy.records import build_envelope
-from shadow_proxy.tap import TapQueue
-from shadow_proxy.wire import decode_envelope, encode_envelope
+from shadow_proxy.records.envelope import build_envelope
+from shadow_proxy.records.wire import decode_envelope, encode_envelope
 from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+from shadow_proxy.worker.tap_queue import TapQueue
 from tests.conftest import ROOT, proxy_config
 from tests.integration.nats_harness import stream_records
 

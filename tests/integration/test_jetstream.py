@@ -23,12 +23,12 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from shadow_proxy.app import TAPS
-from shadow_proxy.consumer import Accounts
-from shadow_proxy.loadgen import LoadSpec, run_load
-from shadow_proxy.mock_frontend import MockConfig
-from shadow_proxy.mock_frontend import make_app as mock_app
-from shadow_proxy.wire import decode_envelope, heartbeat_topic
+from shadow_proxy.consumer.accounting import Accounts
+from shadow_proxy.devtools.frontend import MockConfig
+from shadow_proxy.devtools.frontend import make_app as mock_app
+from shadow_proxy.devtools.loadgen import LoadSpec, run_load
+from shadow_proxy.records.wire import decode_envelope, heartbeat_topic
+from shadow_proxy.serving.app import TAPS
 from shadow_proxy.worker.publishers.jetstream import PENDING_BYTES
 from tests.conftest import free_port, run_proxy, serve, wait_for
 from tests.integration.jetstream_helpers import (

@@ -19,9 +19,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from shadow_proxy.consumer import read_record_file
+from shadow_proxy.records.files import read_entries
 from shadow_proxy.records.jetstream_source import JetStreamSource
-from shadow_proxy.wire import decode_envelope, encode_envelope
+from shadow_proxy.records.wire import Message, decode_envelope, encode_envelope
 from tests.conftest import ROOT, wait_for
 from tests.integration.jetstream_helpers import DirectPublisher, synthetic_payload
 
@@ -52,7 +52,8 @@ def recorded(directory: Path, name: str) -> list[int]:
     path = directory / f"{name}.records"
     if not path.exists():
         return []
-    return [decode_envelope(raw)["seq"] for raw in read_record_file(path)]
+    entries = [e for e in read_entries(path) if isinstance(e, Message)]
+    return [decode_envelope(entry.payload)["seq"] for entry in entries]
 
 
 def summary(process: subprocess.Popen) -> dict:
@@ -97,7 +98,7 @@ class TestResume:
                     first.kill()
                 first.communicate()
             await asyncio.to_thread(feeder.join, 30)
-            await wait_for(lambda: publisher.publisher.published == total, timeout=30)
+            await wait_for(lambda: publisher.queue.published == total, timeout=30)
         finally:
             publisher.close()
         seen_first = recorded(tmp_path, "first")
@@ -131,7 +132,7 @@ class TestSharedDurable:
         try:
             assert publisher.startup_problem() is None
             publisher.offer(total)
-            await wait_for(lambda: publisher.publisher.published == total, timeout=30)
+            await wait_for(lambda: publisher.queue.published == total, timeout=30)
         finally:
             publisher.close()
         readers = [start_consumer(nats_server.urls, "shared", tmp_path, n) for n in "ab"]
@@ -162,14 +163,35 @@ class TestNotRecords:
         await js.publish(SUBJECT, synthetic_payload(TAP, 2), headers={"Shadow-Tap": TAP})
         other = {**good, "Shadow-Tap": "other", "Shadow-Seq": "3"}
         await js.publish(SUBJECT, synthetic_payload("other", 3), headers=other)
-        await js.publish(SUBJECT, synthetic_payload(TAP, 9), headers={**good, "Shadow-Seq": "4"})
         await js.publish(
-            SUBJECT, encode_envelope({"tap": TAP}), headers={**good, "Shadow-Seq": "5"}
+            SUBJECT, encode_envelope({"tap": TAP}), headers={**good, "Shadow-Seq": "4"}
         )
+        await js.publish(SUBJECT, synthetic_payload(TAP, 0), headers=good)  # a repeat
+        await js.publish(SUBJECT, synthetic_payload(TAP, 5), headers={**good, "Shadow-Seq": "5"})
         await nc.close()
-        async with JetStreamSource(nats_server.urls, TAP, "strict") as source:
-            records = await source.fetch(2.0)
-            assert [(r.publisher_id, r.tap, r.seq) for r in records] == [(7, TAP, 0)]
-            await source.ack(records)
-            assert source.rejected == {"envelope": 1, "headers": 1, "tap": 1, "record": 2}
-            assert await source.fetch(0.5) == []
+
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "strict")
+        deliveries = source.deliveries()
+        try:
+            got = []
+            for _ in range(2):
+                delivery = await asyncio.wait_for(anext(deliveries), 5)
+                got.append((delivery.message.publisher_id, delivery.envelope["seq"]))
+                await delivery.ack()
+            assert got == [(7, 0), (7, 5)]
+            assert source.stats.unreadable == {"envelope": 1, "headers": 1, "tap": 1, "record": 1}
+            assert source.stats.duplicates == 1
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(deliveries), 1.5)
+        finally:
+            await deliveries.aclose()
+            await source.aclose()
+        # A second reader on the same durable gets nothing again: all was acknowledged.
+        again = JetStreamSource(nats_server.urls, "SHADOW", TAP, "strict")
+        stream = again.deliveries()
+        try:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(stream), 3)
+        finally:
+            await stream.aclose()
+            await again.aclose()

@@ -16,7 +16,7 @@ import pytest
 from nats.js import api
 
 from shadow_proxy.devtools.nats_server import NatsCluster
-from shadow_proxy.wire import decode_envelope
+from shadow_proxy.records.wire import decode_envelope
 from shadow_proxy.worker.publishers.jetstream_stream import DUPLICATE_WINDOW_S
 from tests.conftest import wait_for
 from tests.integration.jetstream_helpers import DirectPublisher, tap_messages
@@ -40,7 +40,7 @@ class TestMessages:
     async def test_headers_and_data(self, nats_server, direct):
         assert direct.startup_problem() is None
         direct.offer(50)
-        await wait_for(lambda: direct.publisher.published == 50, timeout=10)
+        await wait_for(lambda: direct.queue.published == 50, timeout=10)
         messages = await tap_messages(nats_server.urls, SUBJECT)
         assert len(messages) == 50
         publisher_id = direct.publisher.publisher_id
@@ -52,7 +52,7 @@ class TestMessages:
             envelope = decode_envelope(message.data)
             assert (envelope["tap"], envelope["seq"]) == ("direct", seq)
         assert direct.queue.dropped["full"] == 0
-        assert direct.publisher.publish_errors == 0
+        assert direct.queue.publish_errors == 0
 
     async def test_stream_created_from_the_section(self, nats_server, direct):
         assert direct.startup_problem() is None
@@ -91,7 +91,7 @@ class TestStreamCheck:
         try:
             assert await asyncio.to_thread(publisher.startup_problem) is None
             publisher.offer(3)
-            await wait_for(lambda: publisher.publisher.published == 3, timeout=10)
+            await wait_for(lambda: publisher.queue.published == 3, timeout=10)
         finally:
             publisher.close()
         info = await stream_info(nats_server.urls, "SHADOW")
@@ -108,7 +108,7 @@ class TestBounds:
         try:
             assert direct.startup_problem() is None
             direct.offer(10)
-            await wait_for(lambda: direct.publisher.published == 10, timeout=10)
+            await wait_for(lambda: direct.queue.published == 10, timeout=10)
             server = nats_server.servers[0]
             server.pause()
             slowest = 0.0
@@ -131,7 +131,7 @@ class TestBounds:
             await wait_for(drained, timeout=20)
         finally:
             direct.close()
-        assert direct.publisher.published == 10 + 2 * capacity
+        assert direct.queue.published == 10 + 2 * capacity
         assert direct.publisher.stats.retries > 0
         messages = await tap_messages(nats_server.urls, SUBJECT)
         seqs = [int(m.headers["Shadow-Seq"]) for m in messages]
@@ -154,7 +154,7 @@ class TestNoServerAtStart:
             assert direct.publisher.in_flight == 5
             assert direct.link.stats.connected is False
             cluster.start()
-            await wait_for(lambda: direct.publisher.published == 5, timeout=20)
+            await wait_for(lambda: direct.queue.published == 5, timeout=20)
             messages = await tap_messages(cluster.urls, SUBJECT)
             assert [m.headers["Shadow-Seq"] for m in messages] == ["0", "1", "2", "3", "4"]
         finally:

@@ -14,7 +14,9 @@ worker thread and the link thread share, per tap, only a hand-over deque
   queue, the queue fills and new records are dropped and counted ``full``.
 - The link thread publishes each record with a reply inbox and these headers:
   ``Nats-Msg-Id: {publisher_id}.{tap}.{seq}``, ``Shadow-Tap``, ``Shadow-Seq``,
-  ``Shadow-Publisher-Id`` and ``Nats-Expected-Stream`` (so a record is stored
+  ``Shadow-Publisher-Id``, ``Shadow-Transport-Seq`` (dense per publisher, taken
+  when the link takes the record over: a gap in it is a record lost after the
+  hand-over) and ``Nats-Expected-Stream`` (so a record is stored
   in the configured stream or refused, never in another stream that happens
   to match). The data is the envelope's MessagePack, the ZeroMQ payload.
 - A record is settled by its acknowledgement (``published``, the ack latency
@@ -40,7 +42,7 @@ resends a stalled connection takes before the pings drop it).
 Heartbeats (tail-loss visibility): the records carry ``Shadow-Seq`` and the
 per-tap counters are in ``/metrics``; in the stream, every
 ``HEARTBEAT_S`` and only when the tap's numbers changed, a heartbeat (the
-SPEC 4 heartbeat map, ``last_transport_sequence`` nil) goes to
+SPEC 4 heartbeat map) goes to
 ``{subject}.heartbeat``, and one more at close. It is sent once, never
 retried, and takes no room in the window. A reader that sees ``next_seq = N``
 knows every ``seq`` below N was assigned, so a record missing at the end of
@@ -59,10 +61,10 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from shadow_proxy.config import Config, NatsConfig
-from shadow_proxy.tap import TapQueue
 from shadow_proxy.worker.publishers.jetstream_metrics import JetStreamMetrics, LinkStats
 from shadow_proxy.worker.publishers.jetstream_stream import ensure_stream
 from shadow_proxy.worker.publishers.jetstream_tap import JetStreamPublisher
+from shadow_proxy.worker.tap_queue import TapQueue
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
-from shadow_proxy.tap import TapQueue
-from shadow_proxy.wire import HEARTBEAT_SUFFIX, Heartbeat, new_publisher_id
+from shadow_proxy.records.wire import HEARTBEAT_SUFFIX, Heartbeat, new_publisher_id
 from shadow_proxy.worker.publishers.jetstream_metrics import TapStats
+from shadow_proxy.worker.tap_queue import TapQueue
 
 if TYPE_CHECKING:
     from shadow_proxy.worker.publishers.jetstream import JetStreamLink
@@ -66,6 +66,7 @@ class InFlight:
 
     payload: bytes
     handed_at: float
+    transport_sequence: int
     attempt: int = 0
     #: Waiting in ``unsent`` (first send, or a resend that is due).
     queued: bool = True
@@ -90,10 +91,13 @@ class JetStreamPublisher:
         self.handed = 0
         self.next_heartbeat = 0.0
         self.last_state: tuple | None = None
-        #: Written by the link thread only.
+        #: Written by the link thread only (and the queue's ``published`` and
+        #: ``publish_errors``, which no one else writes for a JetStream tap).
         self.settled = 0
-        self.published = 0
-        self.publish_errors = 0
+        #: Dense, per publisher: taken when the link takes a record over, so a
+        #: gap in it is a record lost after the hand-over (SPEC 4's transport
+        #: sequence, sent as ``Shadow-Transport-Seq``).
+        self.next_transport_sequence = 0
         self.window: dict[int, InFlight] = {}
         self.unsent: collections.deque[int] = collections.deque()
         self.timeouts: list[tuple[float, int, int]] = []
@@ -132,7 +136,7 @@ class JetStreamPublisher:
         """Every ``HEARTBEAT_S``, when the tap's numbers changed, queue a heartbeat."""
         now = time.monotonic()
         queue = self.queue
-        state = (queue.next_seq, queue.queued, self.published, self.publish_errors)
+        state = (queue.next_seq, queue.queued, queue.published, queue.publish_errors)
         state += tuple(queue.dropped.values())
         if not force and (now < self.next_heartbeat or state == self.last_state):
             return
@@ -141,11 +145,13 @@ class JetStreamPublisher:
             tap=queue.name,
             publisher_id=self.publisher_id,
             next_seq=queue.next_seq,
-            last_transport_sequence=None,
+            last_transport_sequence=self.next_transport_sequence - 1
+            if self.next_transport_sequence
+            else None,
             queued=queue.queued,
-            published=self.published,
+            published=queue.published,
             dropped={k: v for k, v in queue.dropped.items() if v},
-            publish_errors=self.publish_errors,
+            publish_errors=queue.publish_errors,
         ).encode()
         with self.heartbeat_lock:
             self.heartbeat_payload = payload
@@ -162,13 +168,15 @@ class JetStreamPublisher:
         handover = self.handover
         while handover:
             payload = handover.popleft()
+            transport_sequence = self.next_transport_sequence
+            self.next_transport_sequence += 1
             try:
                 seq = envelope_seq(payload)
             except ValueError:
-                self.publish_errors += 1
+                self.queue.publish_errors += 1
                 self.settled += 1
                 continue
-            self.window[seq] = InFlight(payload, now)
+            self.window[seq] = InFlight(payload, now, transport_sequence)
             self.unsent.append(seq)
 
     def expire(self, now: float) -> None:
@@ -195,13 +203,18 @@ class JetStreamPublisher:
             flight = self.window.get(seq)
             if flight is None or not flight.queued:
                 continue
-            headers = {**self.headers, "Nats-Msg-Id": prefix + str(seq), "Shadow-Seq": str(seq)}
+            headers = {
+                **self.headers,
+                "Nats-Msg-Id": prefix + str(seq),
+                "Shadow-Seq": str(seq),
+                "Shadow-Transport-Seq": str(flight.transport_sequence),
+            }
             try:
                 await nc.publish(
                     self.subject, flight.payload, reply=f"{reply_prefix}{seq}", headers=headers
                 )
             except NatsError as e:
-                self.publish_errors += 1
+                self.queue.publish_errors += 1
                 self.link.note("publish failed: %s", type(e).__name__)
                 self.unsent.appendleft(seq)
                 return
@@ -218,7 +231,7 @@ class JetStreamPublisher:
         if flight is None:
             return True  # a late answer to an earlier attempt of a settled record
         if msg.headers and msg.headers.get("Status") == "503":
-            self.publish_errors += 1
+            self.queue.publish_errors += 1
             return False
         try:
             answer = json.loads(msg.data)
@@ -226,12 +239,12 @@ class JetStreamPublisher:
             answer = {"error": {"description": "not JSON"}}
         error = answer.get("error") if isinstance(answer, dict) else {"description": "not a map"}
         if error:
-            self.publish_errors += 1
+            self.queue.publish_errors += 1
             self.link.note("publish refused: %s", str(error.get("description", error))[:200])
             return True  # resent when its acknowledgement timeout passes
         del self.window[seq]
         self.settled += 1
-        self.published += 1
+        self.queue.published += 1
         self.stats.ack_seconds.observe(max(0.0, now - flight.handed_at))
         return True
 

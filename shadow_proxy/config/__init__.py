@@ -1,0 +1,34 @@
+"""The configuration file: strict YAML into frozen values (SPEC section 2).
+
+``values.py`` holds the values, ``schema.py`` what a file may hold and
+``Config.from_yaml``, ``reader.py`` the strict reading (lines, types, checks).
+"""
+
+from shadow_proxy.config.nats import GIB, NatsConfig
+from shadow_proxy.config.reader import ConfigError
+from shadow_proxy.config.schema import Config
+from shadow_proxy.config.values import (
+    MIB,
+    Listen,
+    ModelEntry,
+    Publish,
+    ResponseOptions,
+    TapConfig,
+    Upstream,
+    WorkerOptions,
+)
+
+__all__ = [
+    "GIB",
+    "MIB",
+    "Config",
+    "ConfigError",
+    "Listen",
+    "ModelEntry",
+    "NatsConfig",
+    "Publish",
+    "ResponseOptions",
+    "TapConfig",
+    "Upstream",
+    "WorkerOptions",
+]

@@ -1,0 +1,189 @@
+"""Reading a YAML configuration strictly: line numbers, typed values, checks.
+
+The generic part of the configuration (``schema.py`` says what the file may
+hold). Every error is a ``ConfigError`` (a ``ValueError``) whose text names the
+file, the line where YAML knows it, the key, what was expected and what was
+given: ``proxy.yaml:7: 'taps[replay].capacity' must be at least 1 (got 0)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message says where and why."""
+
+
+class Lines(dict):
+    """A mapping that remembers the line of each key (1-based) and its own."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+
+class LineLoader(yaml.SafeLoader):
+    """A SafeLoader whose mappings are ``Lines``: they know where each key stands."""
+
+    def construct_yaml_map(self, node):
+        data = Lines()
+        data.line = node.start_mark.line + 1
+        data.key_lines = {}
+        yield data
+        data.update(self.construct_mapping(node))
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            data.key_lines[str(key)] = key_node.start_mark.line + 1
+
+
+LineLoader.add_constructor("tag:yaml.org,2002:map", LineLoader.construct_yaml_map)
+
+
+MISSING = object()
+
+
+def load_yaml(text: str, path: str) -> Any:
+    """The YAML document in ``text``, its mappings as ``Lines``."""
+    try:
+        return yaml.load(text, Loader=LineLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        msg = f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})"
+        raise ConfigError(msg) from e
+
+
+def plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+class Reader:
+    """Walks loaded YAML: typed values, known keys, errors with their line."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def fail(self, where: Mapping | None, key: str, expected: str, got: Any = MISSING) -> None:
+        line = getattr(where, "key_lines", {}).get(key.rsplit(".", 1)[-1]) or getattr(
+            where, "line", 0
+        )
+        loc = f"{self.path}:{line}" if line else self.path
+        given = "" if got is MISSING else f" (got {got!r})"
+        msg = f"{loc}: '{key}' {expected}{given}"
+        raise ConfigError(msg)
+
+    def section(self, parent: Mapping, key: str, prefix: str, allowed: set[str]) -> Mapping:
+        value = parent.get(key, MISSING)
+        if value is MISSING or value is None:
+            return Lines()
+        if not isinstance(value, Mapping):
+            self.fail(parent, f"{prefix}{key}", "must be a mapping", value)
+        self.known(value, f"{prefix}{key}.", allowed)
+        return value
+
+    def known(self, mapping: Mapping, prefix: str, allowed: set[str]) -> None:
+        for key in mapping:
+            if key not in allowed:
+                expected = "is not a known key; expected one of " + ", ".join(sorted(allowed))
+                self.fail(mapping, f"{prefix}{key}", expected)
+
+    def get(
+        self,
+        mapping: Mapping,
+        key: str,
+        prefix: str,
+        kind: type | tuple[type, ...],
+        default: Any = MISSING,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
+        name = f"{prefix}{key}"
+        value = mapping.get(key, MISSING)
+        if value is MISSING:
+            if default is MISSING:
+                self.fail(mapping, name, "is required")
+            return default
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            names = " or ".join(k.__name__ for k in kinds).replace("NoneType", "null")
+            names = names.replace("str", "a string").replace("int", "an integer")
+            names = names.replace("float", "a number").replace("bool", "true or false")
+            self.fail(mapping, name, f"must be {names}", value)
+        if check is not None and value is not None:
+            problem = check(value)
+            if problem:
+                self.fail(mapping, name, problem, value)
+        return value
+
+
+# -- checks: None when the value is fine, else what is expected ---------------------
+
+
+def name(value: str) -> str | None:
+    return None if NAME_RE.match(value) else "must match [A-Za-z0-9_-]+"
+
+
+def non_empty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
+def header_name(value: str) -> str | None:
+    return None if re.match(r"^[A-Za-z0-9-]+$", value) else "must be an HTTP header name"
+
+
+def port(value: int) -> str | None:
+    return None if 0 <= value <= 65535 else "must be a port number (0 to 65535)"
+
+
+def at_least_1(value: int) -> str | None:
+    return None if value >= 1 else "must be at least 1"
+
+
+def positive(value: float) -> str | None:
+    return None if value > 0 and math.isfinite(value) else "must be a positive number"
+
+
+def non_negative(value: float) -> str | None:
+    return None if value >= 0 and math.isfinite(value) else "must be zero or more"
+
+
+def niceness(value: int) -> str | None:
+    return None if 0 <= value <= 19 else "must be between 0 and 19"
+
+
+def fraction(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else "must be between 0 and 1"
+
+
+def http_url(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return "must be an http:// or https:// URL"
+    return None
+
+
+def zmq_endpoint(value: str) -> str | None:
+    if re.match(r"^(tcp://[^\s/]+:\d+|ipc://\S+|inproc://\S+)$", value):
+        return None
+    return "must be a ZeroMQ endpoint such as tcp://0.0.0.0:5557 or ipc:///path"
+
+
+def choice(*choices: str) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        return None if value in choices else "must be one of " + ", ".join(choices)
+
+    return check

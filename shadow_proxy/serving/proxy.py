@@ -1,0 +1,270 @@
+"""The request handler: forward, stream back, hand off. Nothing else.
+
+Runs on the serving loop. Per request it reads the body, picks the request id,
+stamps arrival, forwards to the frontend and writes each body chunk back as it
+arrives. With taps configured it also hands the request bytes and the
+response chunks to the tap worker through ``Handoff`` (non-blocking, counted
+when full). It never parses, tokenizes, encodes or logs a body.
+
+Guarantees:
+- the client gets the frontend's status, end-to-end headers and body bytes;
+- a client that hangs up cancels the handler (``handler_cancellation``), which
+  closes the upstream connection at once so the frontend stops generating;
+- the proxy answers itself only when the frontend cannot: 502 (unreachable, or
+  broken before the response started), 504 (connect timeout), 413 (body over
+  ``max_request_bytes``), as OpenAI-style JSON errors;
+- every exchange handed to the worker gets exactly one end message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+
+from shadow_proxy.exchange import EndKind, classify
+from shadow_proxy.serving.handoff import Capture, Handoff
+from shadow_proxy.serving.headers import (
+    client_response_headers,
+    new_request_id,
+    upstream_request_headers,
+)
+from shadow_proxy.serving.metrics import ProxyMetrics, status_class
+
+log = logging.getLogger(__name__)
+
+#: Bodies above this size are written upstream in slices (with their
+#: Content-Length), so one large write does not hold the loop.
+LARGE_BODY_BYTES = 1024 * 1024
+SLICE_BYTES = 256 * 1024
+
+
+def error_response(status: int, message: str, kind: str, request_id: str, header: str):
+    """An OpenAI-style JSON error answered by the proxy itself."""
+    body = {"error": {"message": message, "type": kind, "code": status}}
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers={header: request_id},
+    )
+
+
+class ProxyHandler:
+    """Forwards every request to ``upstream_url``; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        upstream_url: str,
+        request_id_header: str,
+        max_request_bytes: int,
+        metrics: ProxyMetrics,
+        handoff: Handoff | None,
+    ):
+        self.session = session
+        self.upstream_url = upstream_url
+        self.request_id_header = request_id_header
+        self.max_request_bytes = max_request_bytes
+        self.metrics = metrics
+        self.handoff = handoff
+        self.shutting_down = False
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        arrival_unix_ns = time.time_ns()
+        arrival_mono_ns = time.monotonic_ns()
+        route = classify(request.method, request.path)
+        label = route.label
+        header = self.request_id_header
+        request_id = request.headers.get(header) or new_request_id()
+        metrics = self.metrics
+        metrics.in_flight.inc()
+        status = 0
+        try:
+            response = await self._exchange(
+                request, route, request_id, arrival_unix_ns, arrival_mono_ns
+            )
+            status = response.status
+            return response
+        except _ClientGone as gone:
+            status = 499  # the client went away (nginx's convention)
+            return gone.response
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        finally:
+            metrics.in_flight.dec()
+            metrics.requests.labels(label, status_class(status)).inc()
+            metrics.duration.labels(label).observe((time.monotonic_ns() - arrival_mono_ns) / 1e9)
+
+    async def _exchange(self, request, route, request_id, arrival_unix_ns, arrival_mono_ns):
+        header = self.request_id_header
+        if (request.content_length or 0) > self.max_request_bytes:
+            return self._too_large(request_id)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large(request_id)
+
+        capture: Capture | None = None
+        if self.handoff is not None and route.mirrored:
+            capture = self.handoff.open(route, request_id, body, arrival_unix_ns, arrival_mono_ns)
+
+        headers = upstream_request_headers(
+            request.headers,
+            request_id_header=header,
+            request_id=request_id,
+            peer=request.remote,
+            scheme=request.scheme,
+        )
+        url = self.upstream_url + request.raw_path
+        data = body or None
+        if len(body) > LARGE_BODY_BYTES:
+            headers["Content-Length"] = str(len(body))
+            data = _slices(body)
+        end, detail = EndKind.CLEAN, ""
+        proxy_answer: web.Response | None = None
+        try:
+            async with self.session.request(
+                request.method, url, headers=headers, data=data, allow_redirects=False
+            ) as upstream:
+                response = web.StreamResponse(
+                    status=upstream.status,
+                    reason=upstream.reason,
+                    headers=client_response_headers(
+                        upstream.headers, request_id_header=header, request_id=request_id
+                    ),
+                )
+                if capture is not None:
+                    capture.head(
+                        upstream.status,
+                        upstream.headers.get("Content-Type", ""),
+                        upstream.headers.get("Content-Encoding", ""),
+                    )
+                await response.prepare(request)
+                end, detail = await self._stream(
+                    request, upstream, response, capture, route, arrival_mono_ns
+                )
+                return response
+        except (asyncio.CancelledError, _ClientGone):
+            end = EndKind.SHUTDOWN if self.shutting_down else EndKind.CLIENT_GONE
+            if end is EndKind.CLIENT_GONE:
+                self.metrics.client_disconnects.labels(route.label).inc()
+            raise
+        except aiohttp.SocketTimeoutError:
+            # Connected, but no response headers within ``read_timeout_s``.
+            end, detail = EndKind.TIMEOUT, "read timeout"
+            self.metrics.upstream_errors.labels("read_timeout").inc()
+            log.warning("upstream read timeout before the response started")
+            proxy_answer = error_response(
+                504, "the frontend did not answer in time", "upstream_timeout",
+                request_id, header,
+            )  # fmt: skip
+            return proxy_answer
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            # Before the response started: a connect timeout (504).
+            end, detail = EndKind.UPSTREAM_FAILED, "connect timeout"
+            self.metrics.upstream_errors.labels("connect_timeout").inc()
+            log.warning("upstream connect timeout: %s", type(e).__name__)
+            proxy_answer = error_response(
+                504, "the frontend did not accept a connection in time", "upstream_timeout",
+                request_id, header,
+            )  # fmt: skip
+            return proxy_answer
+        except aiohttp.ClientConnectorError as e:
+            end, detail = EndKind.UPSTREAM_FAILED, "connect failed"
+            self.metrics.upstream_errors.labels("connect").inc()
+            log.warning(
+                "upstream unreachable: %s", e.os_error.strerror or type(e.os_error).__name__
+            )
+            proxy_answer = error_response(
+                502, "the frontend cannot be reached", "upstream_unreachable", request_id, header
+            )
+            return proxy_answer
+        except aiohttp.ClientError as e:
+            end, detail = EndKind.UPSTREAM_FAILED, "upstream failed before responding"
+            self.metrics.upstream_errors.labels("bad_response").inc()
+            log.warning("upstream failed before responding: %s", type(e).__name__)
+            proxy_answer = error_response(
+                502, "the frontend failed before responding", "upstream_error", request_id, header
+            )
+            return proxy_answer
+        finally:
+            if capture is not None:
+                if proxy_answer is not None:
+                    capture.head(proxy_answer.status, "application/json", "")
+                capture.end(end, detail)
+
+    async def _stream(self, request, upstream, response, capture, route, arrival_mono_ns):
+        """Copy the body to the client chunk by chunk; returns how it ended.
+
+        When the frontend breaks mid-body, the client connection is closed
+        after what was written is flushed, without the end-of-body marker, so
+        the client sees a broken stream as it would from the frontend.
+        """
+        first = True
+        content = upstream.content
+        try:
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                if first:
+                    first = False
+                    ttfb = (time.monotonic_ns() - arrival_mono_ns) / 1e9
+                    self.metrics.ttfb.labels(route.label).observe(ttfb)
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError as e:
+                    # The client went away and its transport is closing; the
+                    # write failed before the handler was cancelled. This is
+                    # aiohttp's ClientConnectionResetError, also a ClientError:
+                    # caught here so it is not taken for a broken frontend.
+                    raise _ClientGone(response) from e
+                if capture is not None:
+                    capture.chunk(chunk)
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            self.metrics.upstream_errors.labels("read_timeout").inc()
+            _break(request, response)
+            return EndKind.TIMEOUT, "read timeout"
+        except (aiohttp.ClientError, OSError):
+            self.metrics.upstream_errors.labels("broken").inc()
+            _break(request, response)
+            return EndKind.UPSTREAM_BROKEN, "connection to the frontend broke"
+        await response.write_eof()
+        return EndKind.CLEAN, ""
+
+    def _too_large(self, request_id: str) -> web.Response:
+        message = f"request body exceeds the proxy's limit of {self.max_request_bytes} bytes"
+        response = error_response(
+            413, message, "request_too_large", request_id, self.request_id_header
+        )
+        response.force_close()
+        return response
+
+
+class _ClientGone(Exception):
+    """The client's connection failed under a write: it went away."""
+
+    def __init__(self, response: web.StreamResponse):
+        super().__init__("client went away")
+        self.response = response
+
+
+def _break(request: web.Request, response: web.StreamResponse) -> None:
+    """End the client's response as broken: flush, then close the connection,
+    so aiohttp cannot write the end-of-body marker after the handler returns."""
+    response.force_close()
+    if request.transport is not None:
+        request.transport.close()
+
+
+async def _slices(body: bytes):
+    view = memoryview(body)
+    for start in range(0, len(view), SLICE_BYTES):
+        yield view[start : start + SLICE_BYTES]

@@ -1,0 +1,222 @@
+"""The serving process's side of the taps: the hand-off socket, the tap worker
+process and the relay of its metrics.
+
+``taps_ctx`` is an aiohttp cleanup context. At start-up it binds the hand-off,
+spawns the worker and waits until the worker has loaded its tokenizers and
+bound its tap sockets (or says why it cannot: start-up then fails with that
+message). While serving, it reads the worker's snapshots each second and
+restarts the worker if it dies (requests meanwhile are counted as
+``worker_dead`` drops). At shutdown, after the last in-flight request has
+ended, it stops the worker, which drains its queues for up to 2 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+
+import zmq
+import zmq.asyncio
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+
+from shadow_proxy.channel import control
+from shadow_proxy.config import Config
+from shadow_proxy.serving.handoff import Handoff
+from shadow_proxy.serving.metrics import ProxyMetrics, WorkerMetricsRelay
+
+log = logging.getLogger(__name__)
+
+#: Start-up budget of the worker: importing transformers and loading tokenizers.
+READY_TIMEOUT_S = 120.0
+#: How long the worker may take to drain and exit before it is killed.
+STOP_TIMEOUT_S = control.DRAIN_S + 5.0
+LIVENESS_S = 0.5
+#: The worker process's main, named by its import path: the serving process
+#: never imports the worker side (tokenizers, templates); the spawned child does.
+WORKER_MAIN = ("shadow_proxy.worker.main", "run")
+
+
+class StartupError(RuntimeError):
+    """The taps cannot start (a tokenizer, a socket); the message says why."""
+
+
+class Taps:
+    """What the serving process knows of the taps."""
+
+    def __init__(self, config: Config, metrics: ProxyMetrics, relay: WorkerMetricsRelay):
+        self.config = config
+        self.metrics = metrics
+        self.relay = relay
+        self.dir = tempfile.mkdtemp(prefix="shadow-proxy-")
+        self.handoff_endpoint = f"ipc://{self.dir}/handoff"
+        self.control_endpoint = f"ipc://{self.dir}/control"
+        self.context = zmq.asyncio.Context()
+        self.sync_context = zmq.Context.shadow(self.context.underlying)
+        self.handoff = Handoff(
+            self.sync_context,
+            self.handoff_endpoint,
+            config.worker.handoff_capacity,
+            config.worker.handoff_max_bytes,
+            metrics,
+        )
+        self.handoff.full_response = config.capture_response
+        self.control = self.context.socket(zmq.PULL)
+        self.control.setsockopt(zmq.LINGER, 0)
+        self.control.bind(self.control_endpoint)
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self._listing: list[dict] = [
+            {
+                "name": t.name,
+                "topic": t.topic,
+                "endpoint": t.endpoint,
+                "capture": t.capture,
+                "filters": list(t.filters.names),
+            }
+            for t in config.taps
+        ]
+        self.stopping = False
+
+    def listing(self) -> list[dict]:
+        return self._listing
+
+    async def start_worker(self) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        process = spawn.Process(
+            target=_worker_entry,
+            args=(WORKER_MAIN, self.config, self.handoff_endpoint, self.control_endpoint),
+            name="shadow-proxy-tap-worker",
+            daemon=True,
+        )
+        process.start()
+        self.process = process
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                while True:
+                    message = await self._receive()
+                    if isinstance(message, control.Ready):
+                        self._listing = message.taps
+                        break
+                    if isinstance(message, control.Failed):
+                        raise StartupError(message.message)
+        except TimeoutError as e:
+            process.kill()
+            msg = f"the tap worker was not ready within {READY_TIMEOUT_S:.0f}s"
+            raise StartupError(msg) from e
+        except BaseException:
+            if process.is_alive():
+                process.kill()
+            raise
+        self.handoff.restarted()
+        log.info("tap worker ready (pid %d), %d tap(s)", process.pid, len(self.config.taps))
+
+    async def _receive(self) -> control.ControlMessage:
+        while True:
+            if await self.control.poll(100):
+                return control.decode(await self.control.recv())
+            if self.process is not None and not self.process.is_alive():
+                msg = f"the tap worker exited with status {self.process.exitcode} while starting"
+                raise StartupError(msg)
+
+    async def watch(self) -> None:
+        """Relay snapshots; restart the worker when it dies."""
+        while not self.stopping:
+            if await self.control.poll(LIVENESS_S * 1000):
+                self._apply(control.decode(await self.control.recv()))
+                continue
+            process = self.process
+            if process is not None and not process.is_alive() and not self.stopping:
+                self.handoff.worker_alive = False
+                self.metrics.worker_restarts.inc()
+                log.error("tap worker died (exit status %s); restarting", process.exitcode)
+                try:
+                    await self.start_worker()
+                except StartupError as e:
+                    log.error("tap worker restart failed: %s", e)
+                    await asyncio.sleep(1.0)
+
+    def _apply(self, message: control.ControlMessage) -> None:
+        if isinstance(message, control.Progress):
+            self.handoff.acked_bytes = message.bytes_read
+            return
+        if not isinstance(message, control.Snapshot):
+            return
+        if message.bytes_read is not None:
+            self.handoff.acked_bytes = message.bytes_read
+        families = []
+        for name, kind, doc, samples in message.families:
+            family = Metric(name, doc, kind)
+            for sample_name, labels, value in samples:
+                family.add_sample(sample_name, labels, value)
+            families.append(family)
+        self.relay.update(families)
+        self._listing = message.taps
+
+    async def stop(self) -> None:
+        """Stop the worker after the serving loop has sent its last message."""
+        self.stopping = True
+        process = self.process
+        self.handoff.close()
+        if process is not None and process.is_alive():
+            os.kill(process.pid, signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STOP_TIMEOUT_S
+            while process.is_alive() and loop.time() < deadline:
+                if await self.control.poll(50):
+                    self._apply(control.decode(await self.control.recv()))
+            if process.is_alive():
+                log.error("tap worker did not stop in %.0fs; killed", STOP_TIMEOUT_S)
+                process.kill()
+            process.join(1)
+        self.control.close(linger=0)
+        self.context.term()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _worker_entry(main: tuple[str, str], *args: object) -> None:
+    """Runs in the spawned child: import the worker's main by name and run it."""
+    module, function = main
+    raise SystemExit(getattr(importlib.import_module(module), function)(*args))
+
+
+#: The app's taps (set only when the configuration has taps).
+TAPS = web.AppKey("taps", Taps)
+
+
+def taps_context(config: Config, metrics: ProxyMetrics, registry: CollectorRegistry):
+    """An aiohttp cleanup context for the taps of ``config``.
+
+    At start-up: bind the hand-off, spawn the worker and wait until it is ready
+    (or fail start-up with its reason). While serving: relay its metrics and
+    restart it when it dies. At cleanup (after the last in-flight request has
+    ended): stop the worker, which drains its queues for up to
+    ``control.DRAIN_S``.
+    """
+
+    async def taps_ctx(app: web.Application):
+        relay = WorkerMetricsRelay()
+        registry.register(relay)
+        taps = Taps(config, metrics, relay)
+        try:
+            await taps.start_worker()
+        except BaseException:
+            await taps.stop()
+            raise
+        app[TAPS] = taps
+        watcher = asyncio.create_task(taps.watch())
+        yield
+        taps.stopping = True
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await taps.stop()
+
+    return taps_ctx

@@ -1,0 +1,279 @@
+"""The join: hand-off messages in, one offer per request per tap out. No sockets.
+
+Runs in the tap worker process (``worker/main.py`` feeds it and publishes the
+queues). Per request:
+
+1. on the request message: preprocess once, decide per tap (models, select
+   filters, sample), offer ``capture: request`` records at once, keep the
+   request for joined taps and for the prompt-token check;
+2. on chunk messages: feed the response recorder (joined taps only);
+3. on the end message: decide the outcome, tokenize each choice once, offer
+   each joined tap its record built from the shared projection.
+
+Guarantees: one record per request per tap that takes it, or one counted drop
+with a reason (its ``seq`` taken, so the consumer sees the gap).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import time
+from typing import Any
+
+import attrs
+
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.config import Config, TapConfig
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.records.envelope import build_envelope
+from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, sample_in
+from shadow_proxy.records.preprocessed import PreprocessedRequest
+from shadow_proxy.records.wire import WireError, encode_envelope
+from shadow_proxy.worker.metrics import WorkerMetrics
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import LoadedModel
+from shadow_proxy.worker.response.recorder import ResponseRecorder
+from shadow_proxy.worker.tap_queue import TapQueue
+
+_PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+
+
+@attrs.define
+class Tap:
+    config: TapConfig
+    queue: TapQueue
+
+
+@attrs.define
+class Pending:
+    """A request whose response has not ended yet."""
+
+    route: Route
+    request_id: str
+    arrival_unix_ns: int
+    #: The preprocessed request, kept only while a joined tap needs it.
+    pre: PreprocessedRequest | None
+    joined: list[Tap]
+    recorder: ResponseRecorder | None
+    model: str = ""
+    prompt_tokens: int = 0
+    projections: dict[Any, dict] = attrs.field(factory=dict)
+    #: The serving process's monotonic arrival stamp (CLOCK_MONOTONIC is
+    #: system-wide), for offsets the worker itself must take.
+    arrival_mono_ns: int = 0
+
+
+class Joiner:
+    """Turns hand-off messages into tap offers; owns no socket.
+
+    ``handle`` takes one hand-off message (its frames). Guarantees: for every
+    request handed over, each tap that takes it gets exactly one offer (its
+    record) or one counted drop, whatever the response does; requests a tap
+    does not take are counted as skips. Publishing the queues is the caller's.
+    """
+
+    def __init__(self, config: Config, models: dict[str, LoadedModel]):
+        self.config = config
+        self.models = models
+        self.preprocessor = Preprocessor(models)
+        self.taps = [Tap(c, TapQueue(c)) for c in config.taps]
+        self.metrics = WorkerMetrics([t.queue for t in self.taps])
+        self.pending: collections.OrderedDict[bytes, Pending] = collections.OrderedDict()
+        self.max_in_flight = config.worker.max_in_flight
+        self.lost_seen = 0
+
+    # -- hand-off messages -------------------------------------------------------
+
+    def handle(self, frames: list[bytes]) -> None:
+        kind, key, meta = hf.split_header(frames[0])
+        if kind == hf.KIND_REQUEST:
+            self.on_request(key, meta, frames)
+        elif kind == hf.KIND_CHUNK:
+            pending = self.pending.get(key)
+            if pending is not None and pending.recorder is not None:
+                self.feed(pending.recorder, frames[1], hf.unpack_chunks(frames[2], frames[3]))
+        elif kind == hf.KIND_END:
+            pending = self.pending.pop(key, None)
+            if pending is not None:
+                end, offset = hf.END_META.unpack(meta)
+                pairs = hf.unpack_chunks(frames[3], frames[4])
+                if pending.recorder is not None and end != EndKind.CAPTURE_LOST:
+                    self.feed(pending.recorder, frames[1], pairs)
+                tail = [data for data, _ in pairs]
+                self.on_end(pending, EndKind(end), offset, frames[2].decode(), tail)
+
+    @staticmethod
+    def feed(recorder: ResponseRecorder, head: bytes, pairs: list[tuple[bytes, int]]) -> None:
+        """The response head (if this message carries it), then the chunks."""
+        started = hf.unpack_head(head)
+        if started is not None:
+            recorder.head(*_head_args(started))
+        for data, offset in pairs:
+            recorder.feed(data, offset)
+
+    def on_request(self, key: bytes, meta: bytes, frames: list[bytes]) -> None:
+        route_value, arrival_unix_ns, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack(meta)
+        if lost_before > self.lost_seen:
+            # Requests the serving loop could not hand over: every tap loses them.
+            for tap in self.taps:
+                tap.queue.drop("handoff_full", lost_before - self.lost_seen)
+            self.lost_seen = lost_before
+        route = Route(route_value)
+        request_id = frames[1].decode("utf-8", "replace")
+        started = time.perf_counter()
+        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns)
+        self.metrics.preprocess_seconds.labels(route.label).observe(time.perf_counter() - started)
+        if not isinstance(pre, PreprocessedRequest):
+            self.metrics.not_mirrored.labels(pre.reason).inc()
+            return
+        pending = Pending(
+            route,
+            request_id,
+            arrival_unix_ns,
+            pre,
+            [],
+            None,
+            model=pre.model,
+            prompt_tokens=len(pre.token_ids),
+            arrival_mono_ns=arrival_mono_ns,
+        )
+        for tap in self.taps:
+            if not self.takes(tap, pending):
+                continue
+            if tap.config.joined:
+                pending.joined.append(tap)
+            else:
+                self.publish(tap, pending, None)
+        if pending.joined:
+            n = pre.sampling_options.get("n") or 1
+            options = [t.config.response for t in pending.joined]
+            caps = [o.max_tokens for o in options]
+            pending.recorder = ResponseRecorder(
+                route,
+                n,
+                # Upstream ids beyond every tap's cap are never published.
+                max_token_ids_per_choice=None if None in caps else max(caps),
+                chunk_timing=any(o.chunk_timing for o in options),
+            )
+        else:
+            # Only the prompt-token check waits for the end: keep the request slim.
+            pending.pre = None
+            pending.projections.clear()
+        self.track(key, pending)
+
+    def track(self, key: bytes, pending: Pending) -> None:
+        self.pending[key] = pending
+        while len(self.pending) > self.max_in_flight:
+            _, oldest = self.pending.popitem(last=False)
+            self.metrics.evicted.inc()
+            for tap in oldest.joined:
+                tap.queue.drop("evicted")
+
+    def takes(self, tap: Tap, pending: Pending) -> bool:
+        config, pre = tap.config, pending.pre
+        if config.models and pre.model not in config.models:
+            tap.queue.skip("models")
+            return False
+        reason = config.filters.select(pre)
+        if reason is not None:
+            tap.queue.skip(reason)
+            return False
+        if config.sample < 1.0:
+            key = (
+                prefix_sample_key(pre.token_ids)
+                if config.sample_by == "prefix"
+                else request_sample_key(pending.request_id)
+            )
+            if not sample_in(key, config.sample):
+                tap.queue.skip("sample")
+                return False
+        return True
+
+    def on_end(
+        self, pending: Pending, end: EndKind, offset: int, detail: str, tail: list[bytes]
+    ) -> None:
+        if pending.recorder is None:
+            self.check_prompt_tokens_in_tail(pending, tail)
+            return
+        if end is EndKind.CAPTURE_LOST:
+            for tap in pending.joined:
+                tap.queue.drop("handoff_full")
+            return
+        observed = pending.recorder.finish(end, offset, detail)
+        pending.recorder = None
+        model = self.models[pending.model]
+        final = observed.finalize(
+            model.encode, token_ids=any(t.config.response.tokens for t in pending.joined)
+        )
+        usage = observed.usage or {}
+        self.check_prompt_tokens(pending, usage.get("prompt_tokens"))
+        if observed.first_token_offset_ns is not None:
+            self.metrics.ttft.observe(observed.first_token_offset_ns / 1e9)
+        for tap in pending.joined:
+            options = tap.config.response
+            response = final.to_record(
+                tokens=options.tokens,
+                text=options.text,
+                max_tokens=options.max_tokens,
+                chunk_timing=options.chunk_timing,
+            )
+            self.publish(tap, pending, response)
+
+    def check_prompt_tokens(self, pending: Pending, reported: Any) -> None:
+        if type(reported) is not int:
+            return
+        model = pending.model
+        self.metrics.prompt_checks.labels(model).inc()
+        if reported != pending.prompt_tokens:
+            self.metrics.prompt_mismatches.labels(model).inc()
+
+    def check_prompt_tokens_in_tail(self, pending: Pending, tail: list[bytes]) -> None:
+        """Without joined taps only the response's last chunks reach the worker;
+        ``usage`` is there when the frontend reports it."""
+        if not tail:
+            return
+        matches = _PROMPT_TOKENS_RE.findall(b"".join(tail))
+        if matches:
+            self.check_prompt_tokens(pending, int(matches[-1]))
+
+    # -- records -----------------------------------------------------------------
+
+    def publish(self, tap: Tap, pending: Pending, response: dict | None) -> None:
+        config = tap.config
+        projection_key = config.filters.projection_key
+        request = pending.projections.get(projection_key)
+        if request is None:
+            request = config.filters.project(pending.pre)
+            pending.projections[projection_key] = request
+        seq = tap.queue.take_seq()
+        envelope = build_envelope(
+            tap=config.name,
+            seq=seq,
+            request_id=pending.request_id,
+            origin=pending.route.origin,
+            filters=config.filters.names,
+            arrival_unix_ns=pending.arrival_unix_ns,
+            sample_rate=config.sample,
+            request=request,
+            response=response,
+        )
+        try:
+            payload = encode_envelope(envelope)
+        except WireError:
+            tap.queue.dropped["encode_error"] += 1
+            return
+        tap.queue.offer(payload)
+
+    def finish_pending(self) -> None:
+        """At shutdown: requests still open get their record as ``shutdown``."""
+        for pending in list(self.pending.values()):
+            if pending.recorder is not None:
+                offset = max(0, time.monotonic_ns() - pending.arrival_mono_ns)
+                self.on_end(pending, EndKind.SHUTDOWN, offset, "proxy shut down", [])
+        self.pending.clear()
+
+
+def _head_args(head: tuple[int, int, str, str]) -> tuple[int, str, str, int]:
+    status, offset, content_type, content_encoding = head
+    return status, content_type, content_encoding, offset

@@ -1,0 +1,225 @@
+"""Stop conditions, sampling and output options, routing hints, extra arguments
+and agent context: the rest of the preprocessed request (SPEC section 3), filled
+from the request body and ``nvext`` as a Dynamo frontend fills them. Pure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shadow_proxy.worker.request.fields import (
+    I32,
+    I64,
+    U32,
+    Reject,
+    boolean,
+    compact,
+    integer,
+    mapping,
+    number,
+    string,
+    strings,
+)
+from shadow_proxy.worker.request.prompt import token_list
+
+
+def stop_conditions(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any]:
+    max_tokens = integer(request, "max_completion_tokens", 0, U32) if chat else None
+    if max_tokens is None:
+        max_tokens = integer(request, "max_tokens", 0, U32)
+    stop, stop_token_ids = _stop(request.get("stop"), chat=chat)
+    if stop_token_ids is None and chat and "stop_token_ids" in request:
+        stop_token_ids = token_list(request["stop_token_ids"])
+    ignore_eos = boolean(request, "ignore_eos")
+    if ignore_eos is None:  # older Dynamo read it from nvext; the top level wins
+        ignore_eos = boolean(nvext, "ignore_eos")
+    thinking = integer(request, "thinking_token_budget", 0, U32)
+    if thinking is None:
+        thinking = integer(nvext, "max_thinking_tokens", 0, U32)
+    return {
+        "max_tokens": max_tokens,
+        "stop": stop,
+        "stop_token_ids": stop_token_ids,
+        "min_tokens": integer(request, "min_tokens", 0, U32),
+        "ignore_eos": ignore_eos,
+        "max_thinking_tokens": thinking,
+    }
+
+
+def _stop(value: Any, *, chat: bool) -> tuple[list[str] | None, list[int] | None]:
+    """``stop`` as strings, or (chat only, as Dynamo) as token ids."""
+    if value is None:
+        return None, None
+    if isinstance(value, str):
+        return [value], None
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return list(value), None
+    if chat and isinstance(value, list) and value:
+        return None, token_list(value)
+    raise Reject("invalid_field")
+
+
+def sampling_options(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any]:
+    top_k = integer(request, "top_k", -I32, I32)
+    if top_k is None:
+        top_k = integer(nvext, "top_k", -I32, I32)
+    repetition_penalty = number(request, "repetition_penalty")
+    if repetition_penalty is None:
+        repetition_penalty = number(nvext, "repetition_penalty")
+    include_stop = boolean(request, "include_stop_str_in_output")
+    options = {
+        "n": integer(request, "n", 0, 256),
+        "best_of": None if chat else integer(request, "best_of", 0, 256),
+        "presence_penalty": number(request, "presence_penalty"),
+        "frequency_penalty": number(request, "frequency_penalty"),
+        "repetition_penalty": repetition_penalty,
+        "temperature": number(request, "temperature"),
+        "top_p": number(request, "top_p"),
+        "top_k": -1 if top_k == 0 else top_k,
+        "min_p": number(request, "min_p"),
+        "seed": integer(request, "seed", -I64, I64),
+        # Dynamo's frontend never sets use_beam_search or length_penalty.
+        # Its serde default for include_stop_str_in_output is false.
+        "include_stop_str_in_output": False if include_stop is None else include_stop,
+        "guided_decoding": _guided_decoding(request, nvext, chat=chat),
+    }
+    if boolean(nvext, "greed_sampling"):
+        options["temperature"] = options["top_p"] = None
+    return compact(options)
+
+
+def _guided_decoding(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any] | None:
+    def pick(key: str) -> Any:  # the top level wins over nvext (older Dynamo)
+        value = request.get(key)
+        return nvext.get(key) if value is None else value
+
+    json_schema = pick("guided_json")
+    if json_schema is None and chat:
+        json_schema = _response_format_schema(request.get("response_format"))
+    choice = pick("guided_choice")
+    if choice is not None and not (
+        isinstance(choice, list) and all(isinstance(item, str) for item in choice)
+    ):
+        raise Reject("invalid_field")
+    options = {
+        "json": json_schema,
+        "regex": string(pick("guided_regex")),
+        "choice": choice or None,
+        "grammar": string(pick("guided_grammar")),
+        "whitespace_pattern": string(pick("guided_whitespace_pattern")),
+    }
+    if sum(value is not None for value in options.values()) > 1:
+        raise Reject("invalid_field")  # Dynamo accepts one kind of guidance only
+    if all(value is None for value in options.values()):
+        return None
+    options["backend"] = string(pick("guided_decoding_backend"))
+    return compact(options)
+
+
+def _response_format_schema(value: Any) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise Reject("invalid_field")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise Reject("invalid_field")
+        return spec.get("schema")
+    raise Reject("invalid_field")
+
+
+def output_options(request: dict, *, chat: bool) -> dict[str, Any]:
+    if chat:
+        logprobs = None
+        if boolean(request, "logprobs"):
+            top = integer(request, "top_logprobs", 0, U32)
+            logprobs = 1 if top is None else top
+        prompt_logprobs = integer(request, "prompt_logprobs", 0, U32)
+        as_ids = boolean(request, "return_tokens_as_token_ids")
+    else:
+        logprobs = integer(request, "logprobs", 0, U32)
+        prompt_logprobs = 1 if boolean(request, "echo") else None
+        as_ids = None
+    # formatted_prompt: Dynamo's providers leave it unset; the rendered prompt
+    # goes back to the client as an annotation, never to the engine.
+    return compact(
+        {
+            "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
+            "skip_special_tokens": boolean(request, "skip_special_tokens"),
+            "return_tokens_as_token_ids": as_ids,
+        }
+    )
+
+
+# --- nvext -------------------------------------------------------------------
+
+_PINS = {
+    "backend_instance_id": U32 * U32,
+    "prefill_worker_id": U32 * U32,
+    "decode_worker_id": U32 * U32,
+    "dp_rank": U32,
+    "prefill_dp_rank": U32,
+}
+
+
+def routing(nvext: dict) -> dict[str, Any]:
+    """Dynamo's ``RoutingHints``: worker pins, plus workload hints from ``agent_hints``."""
+    routing: dict[str, Any] = {key: integer(nvext, key, 0, bound) for key, bound in _PINS.items()}
+    hints = mapping(nvext, "agent_hints") or {}
+    priority = integer(hints, "priority", -I32, I32)
+    latency = number(hints, "latency_sensitivity")
+    routing["expected_output_tokens"] = integer(hints, "osl", 0, U32)
+    routing["priority_jump"] = float(max(priority, 0)) if priority is not None else latency
+    routing["strict_priority"] = integer(hints, "strict_priority", 0, U32)
+    routing["priority"] = priority
+    routing["routing_constraints"] = mapping(nvext, "routing_constraints")
+    # Dynamo carries nvext.router (latency targets) in a field of its own that
+    # PreprocessedRequest lacks; it is a workload hint, kept here.
+    routing["router"] = mapping(nvext, "router")
+    return compact(routing)
+
+
+def extra_args(request: dict, nvext: dict) -> dict[str, Any]:
+    """Dynamo's backend ``extra_args``: nvext passthrough and sampling passthrough.
+    (With media Dynamo also copies ``messages`` and the formatted prompt here;
+    left out, as they repeat the prompt and any inline image data.)"""
+    passthrough = {
+        "extra_fields": strings(nvext, "extra_fields"),
+        "cache_salt": string(nvext.get("cache_salt")),
+        "metadata_upload": mapping(nvext, "metadata_upload"),
+        "token_in": True if nvext.get("token_data") is not None else None,
+    }
+    if passthrough["cache_salt"] is None:
+        passthrough["cache_salt"] = string(request.get("cache_salt"))
+    sampling = {
+        key: request[key]
+        for key in ("detokenize", "allowed_token_ids", "bad_words_token_ids")
+        if key in request
+    }
+    return compact({"nvext": compact(passthrough) or None, "sampling_options": sampling or None})
+
+
+def agent_context(request: dict, nvext: dict) -> dict[str, Any]:
+    """Session identity. Dynamo takes it from agent harness headers, which the
+    hand-off does not carry; the body forms it also accepts are read here:
+    an ``agent_context`` object, else ``nvext.session_control.session_id``."""
+    context = mapping(request, "agent_context") or mapping(nvext, "agent_context")
+    if context is not None:
+        if not isinstance(context.get("session_id"), str):
+            raise Reject("invalid_field")
+        keys = ("session_id", "parent_session_id", "session_final", "compaction", "kv_hints")
+        return compact({key: context.get(key) for key in keys})
+    session = mapping(nvext, "session_control")
+    if session is not None:
+        session_id = session.get("session_id")
+        if not isinstance(session_id, str):
+            raise Reject("invalid_field")
+        return {"session_id": session_id}
+    return {}

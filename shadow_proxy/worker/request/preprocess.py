@@ -1,0 +1,138 @@
+"""OpenAI request bytes -> the preprocessed request a Dynamo frontend hands its engine.
+
+Pure module (no aiohttp, no zmq); runs in the tap worker, off the serving loop.
+``Preprocessor.preprocess`` never raises: every request yields either a
+``PreprocessedRequest`` or a ``NotMirrored`` whose reason comes from a fixed
+vocabulary and never carries client text.
+
+Filling rules follow Dynamo's frontend (lib/llm/src/preprocessor.rs and the
+OpenAI protocol providers): the chat template renders ``messages`` with the
+generation prompt, then the text is encoded *without* special tokens (Dynamo's
+HF encoder calls ``encode(text, false)``; the same holds for completions, so a
+string prompt gets no BOS either). NUL characters are stripped before encoding,
+as Dynamo does.
+
+Measured on this machine (2 cores shared with other jobs, so noisy), median of 9
+runs, a system turn plus one long user turn; ids identical in every case.
+"render+encode" renders with the compiled template and encodes with the
+``tokenizers`` backend; "one call" is ``apply_chat_template(tokenize=True)``::
+
+    model     prompt tokens   render+encode   one call
+    deepseek    136            0.17 ms         0.24 ms
+    deepseek   2056            6.8 ms          7.2 ms
+    deepseek  16392           22.8 ms         23.1 ms
+    chatml      173            0.22 ms         0.26 ms
+    chatml     2093            2.4 ms          2.6 ms
+    chatml    16433           19.4 ms         19.4 ms
+
+Encoding dominates long prompts; the one call adds a fixed ~0.05-0.4 ms of
+message normalization and BatchEncoding work (and logs a warning past the
+tokenizer's model_max_length). So the template is rendered by our own sandbox,
+compiled once per model with transformers' settings and helpers, and the text is
+encoded by the backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from shadow_proxy.exchange import Route
+from shadow_proxy.records.preprocessed import PreprocessedRequest
+from shadow_proxy.worker.request import options
+from shadow_proxy.worker.request.fields import (
+    NotMirrored,
+    Reject,
+    compact,
+    mapping,
+    number,
+    reject_constant,
+    strings,
+)
+from shadow_proxy.worker.request.prompt import chat_tokens, completion_tokens
+from shadow_proxy.worker.request.tokenizer import LoadedModel
+
+log = logging.getLogger(__name__)
+
+
+class Preprocessor:
+    """Builds the engine's view of chat and completions requests for the loaded models."""
+
+    def __init__(self, models: Mapping[str, LoadedModel]) -> None:
+        self._models = dict(models)
+
+    def preprocess(
+        self, route: Route, body: bytes, arrival_unix_ns: int
+    ) -> PreprocessedRequest | NotMirrored:
+        """The preprocessed request, or why there is none. Never raises."""
+        try:
+            return self._preprocess(route, body, arrival_unix_ns)
+        except Reject as reject:
+            return NotMirrored(reject.reason)
+        except RecursionError:
+            return NotMirrored("invalid_json")
+        except Exception as exc:  # a bug here must cost the client nothing
+            log.error("preprocess failed unexpectedly: %s", type(exc).__name__)
+            return NotMirrored("internal_error")
+
+    def _preprocess(self, route: Route, body: bytes, arrival_unix_ns: int) -> PreprocessedRequest:
+        if route not in (Route.CHAT, Route.COMPLETIONS):
+            raise Reject("unsupported_route")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise Reject("non_utf8") from None
+        try:
+            request = json.loads(text, parse_constant=reject_constant)
+        except ValueError:
+            raise Reject("invalid_json") from None
+        if not isinstance(request, dict):
+            raise Reject("not_an_object")
+        name = request.get("model")
+        if not isinstance(name, str):
+            raise Reject("missing_model")
+        model = self._models.get(name)
+        if model is None:
+            raise Reject("unknown_model")
+        nvext = mapping(request, "nvext") or {}
+        chat = route is Route.CHAT
+
+        multi_modal_data: dict[str, Any] = {}
+        if chat:
+            token_ids = chat_tokens(model, request, nvext, multi_modal_data)
+        else:
+            token_ids = completion_tokens(model, request, multi_modal_data)
+        if model.context_length and len(token_ids) >= model.context_length:
+            raise Reject("prompt_too_long")
+
+        stop = options.stop_conditions(request, nvext, chat=chat)
+        ignore_eos = bool(stop.get("ignore_eos"))
+        if ignore_eos:  # Dynamo's apply_ignore_eos: no stop strings or ids at all
+            for key in ("stop", "stop_token_ids", "stop_token_ids_hidden"):
+                stop.pop(key, None)
+        else:
+            stop["stop_token_ids_hidden"] = list(model.eos_token_ids)
+        # As Dynamo: with images the token ids hold unexpanded placeholders, so
+        # the default is left to the engine.
+        has_images = bool(multi_modal_data.get("image_url"))
+        if stop.get("max_tokens") is None and model.context_length and not has_images:
+            stop["max_tokens"] = max(0, model.context_length - len(token_ids))
+
+        timestamp = number(nvext, "request_timestamp_ms")
+        return PreprocessedRequest(
+            model=name,
+            token_ids=token_ids,
+            stop_conditions=compact(stop),
+            sampling_options=options.sampling_options(request, nvext, chat=chat),
+            output_options=options.output_options(request, chat=chat),
+            eos_token_ids=[] if ignore_eos else list(model.eos_token_ids),
+            annotations=strings(nvext, "annotations") or [],
+            routing=options.routing(nvext) if "nvext" in request else {},
+            extra_args=options.extra_args(request, nvext),
+            multi_modal_data=multi_modal_data,
+            agent_context=options.agent_context(request, nvext),
+            mdc_sum=model.mdc_sum,
+            request_timestamp_ms=arrival_unix_ns // 1_000_000 if timestamp is None else timestamp,
+        )

@@ -1,0 +1,205 @@
+"""The prompt's token ids, as a Dynamo frontend builds them.
+
+Chat: the model's chat template renders the messages (normalised as Dynamo
+hands them to templates), tools and ``chat_template_kwargs`` with the
+generation prompt, then the text is encoded without special tokens.
+Completions: a string prompt is encoded as it is, a token-id prompt used as it
+is. NUL characters are stripped before encoding, as Dynamo does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shadow_proxy.worker.request.fields import (
+    U32,
+    Reject,
+    is_int,
+    mapping,
+)
+from shadow_proxy.worker.request.tokenizer import LoadedModel
+
+#: Key of ``multi_modal_data`` that holds completions' ``prompt_embeds`` (base64).
+#: Dynamo keeps them in a top-level ``prompt_embeds`` field that
+#: ``PreprocessedRequest`` lacks; here they count as multimodal data, so that
+#: ``skip-multimodal`` skips them, and ``strip-embeds`` removes this key.
+PROMPT_EMBEDS_KEY = "prompt_embeds"
+
+_MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def chat_tokens(
+    model: LoadedModel, request: dict, nvext: dict, multi_modal_data: dict
+) -> list[int]:
+    messages = request.get("messages")
+    if messages is None or messages == []:
+        raise Reject("missing_messages")
+    if not isinstance(messages, list):
+        raise Reject("invalid_field")
+    for message in messages:
+        _check_message(message)
+        if message.get("role") == "user" and isinstance(message.get("content"), list):
+            _gather_media(message["content"], multi_modal_data)
+    tools = request.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)
+    ):
+        raise Reject("invalid_field")
+    token_data = token_list(nvext.get("token_data")) if "token_data" in nvext else None
+    if token_data is not None:  # pre-tokenized by an external router: Dynamo skips encoding
+        return token_data
+    if model.chat_template is None:
+        raise Reject("template_error")
+    if request.get("tool_choice") == "none":
+        tools = None  # Dynamo's default (--exclude-tools-when-tool-choice-none)
+    context = {
+        **model.template_globals,
+        **_template_kwargs(request),
+        "messages": _template_messages(messages),
+        "tools": tools,
+        "documents": None,
+        "add_generation_prompt": True,
+    }
+    try:
+        text = model.chat_template.render(context)
+    except Exception:
+        raise Reject("template_error") from None
+    return encode(model, text)
+
+
+def _check_message(message: Any) -> None:
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        raise Reject("invalid_field")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise Reject("invalid_field")
+    for part in content:
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise Reject("invalid_field")
+        kind = part["type"]
+        if kind == "text" and not isinstance(part.get("text"), str):
+            raise Reject("invalid_field")
+        if kind in _MEDIA_PARTS:
+            media = part.get(kind)
+            if not isinstance(media, dict) or not isinstance(media.get("url"), str):
+                raise Reject("invalid_field")
+
+
+def _gather_media(parts: list, multi_modal_data: dict) -> None:
+    """URL references of user media parts, shaped as Dynamo serializes
+    ``MultimodalData::Url`` (``{"Url": url}``), per part type, in order."""
+    for part in parts:
+        kind = part["type"]
+        if kind in _MEDIA_PARTS:
+            multi_modal_data.setdefault(kind, []).append({"Url": part[kind]["url"]})
+
+
+def _template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as Dynamo hands them to templates: keys with None values dropped,
+    reasoning under its usual aliases, content made only of text parts joined
+    into one string with newlines, tool-call arguments parsed from their JSON
+    string into an object."""
+    result = []
+    for message in messages:
+        message = {key: value for key, value in message.items() if value is not None}
+        content = message.get("content")
+        if isinstance(content, list) and all(part.get("type") == "text" for part in content):
+            message["content"] = "\n".join(part["text"] for part in content)
+        if isinstance(message.get("tool_calls"), list):
+            message["tool_calls"] = [_parsed_arguments(call) for call in message["tool_calls"]]
+        reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        result.append(message)
+    return result
+
+
+def _parsed_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if not isinstance(arguments, str) or not arguments:
+        return call
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        raise Reject("invalid_field") from None  # Dynamo answers 400
+    if not isinstance(parsed, dict):
+        raise Reject("invalid_field")
+    return {**call, "function": {**function, "arguments": parsed}}
+
+
+def _template_kwargs(request: dict) -> dict[str, Any]:
+    """``chat_template_kwargs`` (alias ``chat_template_args``) plus Dynamo's folding of
+    ``thinking`` and ``reasoning_effort`` into them."""
+    kwargs = mapping(request, "chat_template_kwargs")
+    if kwargs is None:
+        kwargs = mapping(request, "chat_template_args")
+    kwargs = dict(kwargs or {})
+    thinking = request.get("thinking")
+    if thinking is not None:
+        mode = thinking if isinstance(thinking, bool) else None
+        if isinstance(thinking, dict):
+            mode = {"enabled": True, "disabled": False, "adaptive": "adaptive"}.get(
+                thinking.get("type"), "invalid"
+            )
+        if mode is None or mode == "invalid":
+            raise Reject("invalid_field")
+        if mode == "adaptive":
+            kwargs["thinking_mode"] = "adaptive"
+        else:
+            kwargs["thinking"] = mode
+            kwargs["thinking_mode"] = "enabled" if mode else "disabled"
+    effort = request.get("reasoning_effort")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise Reject("invalid_field")
+        kwargs.setdefault("enable_thinking", effort != "none")
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
+def completion_tokens(model: LoadedModel, request: dict, multi_modal_data: dict) -> list[int]:
+    embeds = request.get("prompt_embeds")
+    if embeds is not None:
+        if not isinstance(embeds, str):
+            raise Reject("invalid_field")
+        multi_modal_data[PROMPT_EMBEDS_KEY] = embeds
+    prompt = request.get("prompt")
+    if prompt is None:
+        if embeds is not None:
+            return []
+        raise Reject("missing_prompt")
+    if isinstance(prompt, str):
+        return encode(model, prompt)
+    if not isinstance(prompt, list) or not prompt:
+        raise Reject("invalid_field")
+    if all(is_int(item) for item in prompt):
+        return token_list(prompt)
+    if not all(isinstance(item, (str, list)) for item in prompt):
+        raise Reject("invalid_field")
+    if len(prompt) > 1:
+        raise Reject("batch_prompt")
+    (single,) = prompt
+    return encode(model, single) if isinstance(single, str) else token_list(single)
+
+
+def encode(model: LoadedModel, text: str) -> list[int]:
+    if "\0" in text:  # Dynamo strips NULs to avoid tokenizer divergence
+        text = text.replace("\0", "")
+    try:
+        return model.encode(text)
+    except Exception:
+        raise Reject("tokenizer_error") from None
+
+
+def token_list(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(
+        is_int(token) and 0 <= token < U32 for token in value
+    ):
+        raise Reject("invalid_field")
+    return list(value)

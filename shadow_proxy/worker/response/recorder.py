@@ -1,0 +1,402 @@
+"""One response, read as the client received it: stream interpretation per choice.
+
+Runs in the tap worker. The serving loop forwards the frontend's bytes untouched
+and hands the worker a copy: ``head`` once the response headers arrived, ``feed``
+for each body chunk (exact read boundaries, still content-encoded, with its
+monotonic offset from arrival), ``finish`` with the ``EndKind`` when the exchange
+is over, however it ended. ``finish`` returns an ``ObservedResponse``
+(``observed.py``); the outcome rules are ``outcome.py``, the content decoding
+``decoding.py``, the SSE framing ``sse.py``.
+
+What is read from the body, per choice index: ``finish_reason``; output text
+(chat: ``delta``/``message`` ``content``, ``reasoning_content`` and
+``reasoning``, tool-call ``function.name``/``arguments``; completions: ``text``);
+upstream output token ids where the frontend returns them on the choice
+(``choice.token_ids``: vLLM's ``return_token_ids``); the number of
+content-carrying chunks. Dynamo's response ``nvext.token_ids`` is *not* used: it
+holds the tokenized prompt (GAIE query-only flow), not output tokens. Per
+response: ``id`` (``upstream_id``), the last ``usage`` seen (usage-only chunks
+included), error events and bodies, ``[DONE]``.
+
+Memory bound per in-flight recorder (defaults in parentheses; every cap is a
+constructor argument):
+
+- SSE parser: one event, at most ``max_event_bytes`` (8 MiB), plus the decoded
+  piece being parsed (at most ``decoding.DECODE_STEP`` = 256 KiB per step, or
+  the raw chunk when not encoded);
+- or, for a unary (JSON) body, ``max_unary_bytes`` (16 MiB) of body, never both;
+- output text: ``max_text_bytes_per_choice`` (2 MiB) per choice and at most
+  ``max_text_bytes_total`` (8 MiB) over all choices, held as UTF-8 in a
+  ``bytearray`` (up to ~1/8 over-allocation);
+- upstream token ids: ``max_token_ids_per_choice`` (1 Mi ids; the worker passes
+  the largest ``max_tokens`` of the taps when all of them set one) and at most
+  ``max_token_ids_total`` (2 Mi ids) over all choices, 4 bytes each;
+- chunk offsets (only with ``chunk_timing``): ``max_chunk_offsets`` (256 Ki), 8
+  bytes each;
+- at most ``max_choices`` (128) distinct choice indices, ~0.5 KiB each; the
+  ``usage`` map and ``id`` are bounded by the event cap (``id`` to 256 chars,
+  error messages to 512).
+
+Worst case, all caps reached: about 28 MiB for a stream (16 MiB of body instead
+of the SSE buffer for a unary response), plus the transient Python objects of
+the one JSON event or body being decoded. What typical responses hold is
+measured by ``bench/recorder_memory.py`` (figures in the README, "Bounds").
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from typing import Any
+
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker.response import outcome
+from shadow_proxy.worker.response.choices import Choice, ChoiceTable
+from shadow_proxy.worker.response.decoding import BodyDecoder, DecodeError, for_header
+from shadow_proxy.worker.response.observed import ObservedResponse, without_none
+from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message
+from shadow_proxy.worker.response.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
+
+KIB = 1024
+MIB = 1024 * KIB
+
+DEFAULT_MAX_TEXT_BYTES_PER_CHOICE = 2 * MIB
+DEFAULT_MAX_TEXT_BYTES_TOTAL = 8 * MIB
+DEFAULT_MAX_TOKEN_IDS_PER_CHOICE = 1 << 20
+DEFAULT_MAX_TOKEN_IDS_TOTAL = 1 << 21
+DEFAULT_MAX_UNARY_BYTES = 16 * MIB
+DEFAULT_MAX_CHUNK_OFFSETS = 1 << 18
+DEFAULT_MAX_CHOICES = 128
+MAX_ID_CHARS = 256
+
+
+class ResponseRecorder:
+    """Accumulates one response as the serving loop saw it.
+
+    ``head``, then ``feed`` per body chunk, then ``finish`` exactly once. Nothing
+    here raises on what the frontend sent: bad encodings, malformed JSON and
+    oversized events are counted on the result. Memory is bounded by the caps
+    (module docstring).
+    """
+
+    def __init__(
+        self,
+        route: Route,
+        n: int,
+        *,
+        chunk_timing: bool,
+        max_text_bytes_per_choice: int = DEFAULT_MAX_TEXT_BYTES_PER_CHOICE,
+        max_text_bytes_total: int = DEFAULT_MAX_TEXT_BYTES_TOTAL,
+        max_token_ids_per_choice: int | None = None,
+        max_token_ids_total: int = DEFAULT_MAX_TOKEN_IDS_TOTAL,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_unary_bytes: int = DEFAULT_MAX_UNARY_BYTES,
+        max_chunk_offsets: int = DEFAULT_MAX_CHUNK_OFFSETS,
+        max_choices: int = DEFAULT_MAX_CHOICES,
+    ) -> None:
+        self.route = route
+        self.n = max(1, n)
+        self.chunk_timing = chunk_timing
+        self._max_event_bytes = max_event_bytes
+        self._max_unary = max_unary_bytes
+        self._max_offsets = max_chunk_offsets
+
+        self._status: int | None = None
+        self._decoder: BodyDecoder | None = None
+        self._sse: SSEParser | None = None
+        self._body: bytearray | None = None  # unary body
+        self._sniff = False  # no head seen: decide SSE or JSON from the first bytes
+        self._ignoring = False  # the unary body went over its cap: ignore the rest
+        self._encoding = "identity"
+        self._last_offset: int | None = None
+        self._result: ObservedResponse | None = None
+
+        self._choices = ChoiceTable(
+            max_text_bytes_per_choice=max_text_bytes_per_choice,
+            max_text_bytes_total=max_text_bytes_total,
+            max_token_ids_per_choice=(
+                DEFAULT_MAX_TOKEN_IDS_PER_CHOICE
+                if max_token_ids_per_choice is None
+                else max_token_ids_per_choice
+            ),
+            max_token_ids_total=max_token_ids_total,
+            max_choices=max_choices,
+        )
+        self._upstream_id: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self._error: str | None = None
+        self._first: int | None = None
+        self._last: int | None = None
+        self._offsets: array[int] = array("q")
+        self._dropped_offsets = 0
+        self._malformed = 0
+        self._undecodable = 0
+        self._problem: str | None = None
+        self._done = False
+
+    # -- the three calls ------------------------------------------------------------
+
+    def head(self, status: int, content_type: str, content_encoding: str, offset_ns: int) -> None:
+        """The response headers arrived. Only the first call counts."""
+        if self._status is not None or self._result is not None:
+            return
+        self._status = status
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media == "text/event-stream":
+            self._sse = SSEParser(self._max_event_bytes)
+        else:
+            self._body = bytearray()
+        self._decoder = for_header(content_encoding)
+        if self._decoder is None:
+            self._problem = f"content-encoding {content_encoding.strip()!r} not decodable"
+        else:
+            self._encoding = self._decoder.kind
+
+    def feed(self, data: bytes, offset_ns: int) -> None:
+        """A body chunk the client was sent, ``offset_ns`` after arrival."""
+        if self._result is not None or self._ignoring or not data:
+            return
+        if self._status is None and self._decoder is None:
+            self._decoder = BodyDecoder("identity")
+            self._sniff = True
+        self._last_offset = offset_ns
+        if self._decoder is None:
+            self._undecodable += len(data)
+            return
+        try:
+            for piece in self._decoder.decode(data):
+                self._consume(piece, offset_ns)
+                if self._ignoring:
+                    return
+        except DecodeError as exc:
+            self._decoder = None
+            self._undecodable += len(data)
+            self._problem = clip(f"corrupt {self._encoding} body: {exc}")
+            self._body = None
+
+    def finish(self, end: EndKind, offset_ns: int, detail: str = "") -> ObservedResponse:
+        """The exchange is over: settle the outcome. Idempotent (later calls return
+        the first result)."""
+        if self._result is not None:
+            return self._result
+        if self._sse is not None:
+            self._sse.close()
+        elif self._body is not None and self._problem is None:
+            self._parse_unary(self._body, self._last_offset)
+            self._body = None
+        outcome, error = self._outcome(end, detail)
+        sse = self._sse
+        self._result = ObservedResponse(
+            outcome=outcome,
+            http_status=self._status,
+            error=error,
+            upstream_id=self._upstream_id,
+            usage=without_none(self._usage) if self._usage else None,
+            choices=self._choices.observed(),
+            first_token_offset_ns=self._first,
+            last_token_offset_ns=self._last,
+            end_offset_ns=offset_ns,
+            chunk_offsets_ns=self._offsets,
+            end=end,
+            n=self.n,
+            events=sse.events if sse else 0,
+            malformed_events=self._malformed,
+            oversized_events=sse.oversized_events if sse else 0,
+            truncated_events=sse.truncated_events if sse else 0,
+            ignored_choices=self._choices.ignored,
+            undecodable_bytes=self._undecodable,
+            body_problem=self._problem,
+            done_seen=self._done,
+            dropped_chunk_offsets=self._dropped_offsets,
+        )
+        self._choices.clear()
+        self._sse = None
+        return self._result
+
+    # -- body ----------------------------------------------------------------------
+
+    def _consume(self, piece: bytes, offset_ns: int) -> None:
+        if self._sniff:
+            self._sniff = False
+            start = piece.lstrip(b"\xef\xbb\xbf \t\r\n")[:6]
+            if start.startswith((b"data:", b"event:", b":", b"id:")):
+                self._sse = SSEParser(self._max_event_bytes)
+            else:
+                self._body = bytearray()
+        if self._sse is not None:
+            for event in self._sse.feed(piece):
+                self._on_event(event, offset_ns)
+        elif self._body is not None:
+            if len(self._body) + len(piece) > self._max_unary:
+                self._problem = f"body over {self._max_unary} bytes"
+                self._body = None
+                self._ignoring = True
+            else:
+                self._body += piece
+
+    def _on_event(self, event: SSEEvent, offset_ns: int) -> None:
+        if event.event == "error":
+            self._on_error_event(event)
+            return
+        if event.event != "message":
+            return  # annotations and other named events carry no output
+        data = event.data
+        if data == "[DONE]":
+            self._done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            self._malformed += 1
+            return
+        if not isinstance(obj, dict):
+            self._malformed += 1
+            return
+        self._on_object(obj, offset_ns, stream=True)
+
+    def _on_error_event(self, event: SSEEvent) -> None:
+        message = None
+        if event.data:
+            try:
+                message = error_message(json.loads(event.data), detail=True)
+            except ValueError:
+                message = clip(event.data)
+            if message is None:
+                message = clip(event.data)
+        elif event.comments:
+            message = clip(" -- ".join(event.comments))
+        self._set_error(message or "error event")
+
+    def _set_error(self, message: str) -> None:
+        if self._error is None:
+            self._error = message
+
+    def _parse_unary(self, body: bytearray, offset_ns: int | None) -> None:
+        if not body or body.isspace():
+            return
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            self._malformed += 1
+            if self._status is not None and self._status >= 400:
+                text = body[: MAX_ERROR_CHARS * 4].decode("utf-8", "replace").strip()
+                self._set_error(clip(text))
+            return
+        if not isinstance(obj, dict):
+            self._malformed += 1
+            return
+        status_error = self._status is not None and self._status >= 400
+        message = error_message(obj, detail=status_error)
+        if message is not None:
+            self._set_error(message)
+        self._on_object(obj, offset_ns, stream=False)
+
+    # -- one chunk or body -------------------------------------------------------------
+
+    def _on_object(self, obj: dict[str, Any], offset_ns: int | None, *, stream: bool) -> None:
+        if stream:
+            message = error_message(obj)
+            if message is not None:
+                self._set_error(message)
+        if self._upstream_id is None:
+            rid = obj.get("id")
+            if isinstance(rid, str) and rid:
+                self._upstream_id = rid[:MAX_ID_CHARS]
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return
+        carried = False
+        route = self.route
+        for raw in choices:
+            if not isinstance(raw, dict):
+                self._choices.ignored += 1
+                continue
+            choice = self._choices.get(raw.get("index", 0))
+            if choice is None:
+                continue
+            content = False
+            if route is not Route.COMPLETIONS:
+                part = raw.get("delta") if stream else raw.get("message")
+                if isinstance(part, dict):
+                    content = self._chat_part(choice, part)
+            if route is not Route.CHAT:
+                piece = raw.get("text")
+                if isinstance(piece, str) and piece:
+                    self._choices.add_text(choice, piece)
+                    content = True
+            ids = raw.get("token_ids")
+            if isinstance(ids, list) and ids:
+                if self._choices.add_ids(choice, ids):
+                    content = True
+                else:
+                    self._malformed += 1
+            if content:
+                choice.content_chunks += 1
+                carried = True
+            reason = raw.get("finish_reason")
+            if reason is not None:
+                choice.finish_reason = str(reason)[:MAX_ID_CHARS]
+        if carried and offset_ns is not None:
+            if self._first is None:
+                self._first = offset_ns
+            self._last = offset_ns
+            if self.chunk_timing:
+                if len(self._offsets) < self._max_offsets:
+                    self._offsets.append(offset_ns)
+                else:
+                    self._dropped_offsets += 1
+
+    def _chat_part(self, choice: Choice, part: dict[str, Any]) -> bool:
+        content = False
+        piece = part.get("content")
+        if isinstance(piece, str) and piece:
+            self._choices.add_text(choice, piece)
+            content = True
+        elif isinstance(piece, list):  # content parts
+            for item in piece:
+                if isinstance(item, dict) and isinstance(item.get("text"), str) and item["text"]:
+                    self._choices.add_text(choice, item["text"])
+                    content = True
+        reasoning = part.get("reasoning_content")
+        other = part.get("reasoning")
+        refusal = part.get("refusal")
+        for piece in (reasoning, other if other != reasoning else None, refusal):
+            if isinstance(piece, str) and piece:
+                self._choices.add_text(choice, piece)
+                content = True
+        calls = part.get("tool_calls")
+        functions = (
+            [c.get("function") for c in calls if isinstance(c, dict)]
+            if isinstance(calls, list)
+            else []
+        )
+        legacy = part.get("function_call")
+        if isinstance(legacy, dict):
+            functions.append(legacy)
+        for function in functions:
+            if not isinstance(function, dict):
+                continue
+            for key in ("name", "arguments"):
+                piece = function.get(key)
+                if isinstance(piece, str) and piece:
+                    self._choices.add_text(choice, piece)
+                    content = True
+        return content
+
+    # -- the end ----------------------------------------------------------------------
+
+    def _outcome(self, end: EndKind, detail: str) -> tuple[str, str | None]:
+        finished = self._choices.finish_reasons()
+        problem = self._problem if self._decoder is not None else (self._problem or "")
+        return outcome.decide(
+            end,
+            detail,
+            status=self._status,
+            error=self._error,
+            finished=finished,
+            n=self.n,
+            problem=problem,
+        )
