@@ -14,13 +14,12 @@ from shadow_proxy.filters import FilterSet
 from shadow_proxy.preprocess import Preprocessor
 from shadow_proxy.replay.request import SKIP_REASONS, CandidateRequest, Skip, build_request
 from shadow_proxy.tokenizer import load_model
-from tests.conftest import model_dirs  # noqa: F401  (session fixture)
 
 ARRIVAL_NS = 1_700_000_000_000_000_000
 
 
 @pytest.fixture(scope="module")
-def preprocessor(model_dirs: dict) -> Preprocessor:  # noqa: F811
+def preprocessor(model_dirs: dict) -> Preprocessor:
     return Preprocessor({"deepseek": load_model("deepseek", str(model_dirs["deepseek"]))})
 
 
