@@ -238,6 +238,7 @@ class CandidateClient:
             finish_reasons=tuple(c.finish_reason for c in choices),
             choice_tokens=tuple(own),
             output_tokens=output,
+            usage_output=isinstance(completion, int),
             token_ids=ids,
             texts=texts,
             truncated=any(c.truncated for c in choices),

@@ -13,6 +13,12 @@ Definitions, the same on both sides so that a ratio compares like with like:
 - mean inter-token latency: (last token - first token) / (tokens - 1), tokens
   being the largest per-choice output token count; undefined below 2 tokens;
 - end-to-end: from the start to the end of the response;
+- a primary whose whole output came in one chunk (a non-streaming request, or
+  one chunk of several tokens) has no token timing: its TTFT and ITL are left
+  out (None), its end-to-end latency stays;
+- output tokens are compared on the same footing: the usage figures when both
+  sides reported usage, else the counts of both sides' token ids (a record
+  without usage counts retokenized ids), else whatever each side has;
 - output equality, per choice: token ids when both sides have them for every
   choice, else text when both have it, else not compared (``basis: none``).
   The first divergent position is the first index (token or character) at
@@ -42,6 +48,8 @@ class Observation:
     finish_reasons: tuple[str | None, ...] = ()
     choice_tokens: tuple[int, ...] = ()
     output_tokens: int | None = None
+    #: ``output_tokens`` is the deployment's ``usage.completion_tokens``.
+    usage_output: bool = False
     token_ids: tuple[tuple[int, ...], ...] | None = None
     texts: tuple[str, ...] | None = None
     #: The output ids are a prefix of what was generated (a tap's cap).
@@ -94,7 +102,10 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
     ids = [c.get("token_ids") for c in choices]
     texts = [c.get("text") for c in choices]
     first = response.get("first_token_offset_ns")
+    last = response.get("last_token_offset_ns")
     end = response.get("end_offset_ns")
+    if first is not None and first == last and max(counts, default=0) > 1:
+        first = last = None  # one chunk carried every token: no token timing
     usage = response.get("usage") if isinstance(response.get("usage"), Mapping) else {}
     prompt = usage.get("prompt_tokens")
     return Observation(
@@ -102,13 +113,14 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
         finish_reasons=tuple(c.get("finish_reason") for c in choices),
         choice_tokens=counts,
         output_tokens=response.get("output_tokens"),
+        usage_output=isinstance(usage.get("completion_tokens"), int),
         token_ids=tuple(tuple(i) for i in ids)
         if ids and all(isinstance(i, list) for i in ids)
         else None,
         texts=tuple(texts) if texts and all(isinstance(t, str) for t in texts) else None,
         truncated=any(c.get("truncated") is True for c in choices),
         ttft_ms=None if first is None else first / 1e6,
-        itl_ms=mean_itl_ms(first, response.get("last_token_offset_ns"), max(counts, default=0)),
+        itl_ms=mean_itl_ms(first, last, max(counts, default=0)),
         e2e_ms=None if end is None else end / 1e6,
         prompt_tokens=prompt if isinstance(prompt, int) else None,
         http_status=response.get("http_status"),
@@ -198,11 +210,8 @@ def compare(primary: Observation, other: Observation, record_prompt_tokens: int)
             if position is not None:
                 divergence = Divergence(index, position)
                 break
-    delta = (
-        None
-        if primary.output_tokens is None or other.output_tokens is None
-        else other.output_tokens - primary.output_tokens
-    )
+    mine_count, their_count = _token_counts(primary, other)
+    delta = None if mine_count is None or their_count is None else their_count - mine_count
     return Difference(
         outcome_differs=primary.outcome != other.outcome,
         finish_reason_differs=primary.finish_reasons != other.finish_reasons,
@@ -218,6 +227,15 @@ def compare(primary: Observation, other: Observation, record_prompt_tokens: int)
         if other.prompt_tokens is None
         else other.prompt_tokens != record_prompt_tokens,
     )
+
+
+def _token_counts(primary: Observation, other: Observation) -> tuple[int | None, int | None]:
+    """Both sides' output token counts on the same footing (see the module doc)."""
+    if primary.usage_output and other.usage_output:
+        return primary.output_tokens, other.output_tokens
+    if primary.token_ids is None or other.token_ids is None or primary.truncated:
+        return primary.output_tokens, other.output_tokens
+    return sum(map(len, primary.token_ids)), sum(map(len, other.token_ids))
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:
