@@ -124,6 +124,7 @@ class Replay:
         o = self.options
         started_wall = datetime.datetime.now(datetime.UTC)
         started = time.monotonic()
+        cpu_started = time.process_time()
         complete = False
         self._pairs = PairsWriter(o.out_dir)
         self._candidate = self._client(o.candidate)
@@ -137,6 +138,8 @@ class Replay:
             if task is not None:
                 task.uncancel()
         finally:
+            elapsed = time.monotonic() - started
+            cpu = time.process_time() - cpu_started
             if progress is not None:
                 progress.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -159,7 +162,9 @@ class Replay:
             "unreadable": dict(unreadable()) if unreadable else {},
             "started": started_wall.isoformat(timespec="seconds"),
             "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "elapsed_s": round(time.monotonic() - started, 3),
+            "elapsed_s": round(elapsed, 3),
+            # CPU of this process (all threads) while replaying, report excluded.
+            "cpu_s": round(cpu, 3),
             "complete": complete,
         }
         return write_report(o.out_dir, self.tally, run, self.command)
