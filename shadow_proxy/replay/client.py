@@ -71,6 +71,7 @@ class _Stream:
     usage: dict[str, Any] | None = None
     error: str | None = None
     done: bool = False
+    upstream_id: str | None = None
 
     def on_event(self, data: bytes, now_ns: int, max_text_bytes: int) -> None:
         if data == b"[DONE]":
@@ -83,6 +84,8 @@ class _Stream:
             return
         if not isinstance(event, dict):
             return
+        if self.upstream_id is None and isinstance(event.get("id"), str):
+            self.upstream_id = event["id"][:256]
         if isinstance(event.get("error"), dict | str):
             err = event["error"]
             message = err.get("message") if isinstance(err, dict) else err
@@ -248,6 +251,7 @@ class CandidateClient:
             prompt_tokens=prompt if isinstance(prompt, int) else None,
             http_status=status,
             error=stream.error,
+            upstream_id=stream.upstream_id,
         )
 
 

@@ -61,6 +61,8 @@ class Observation:
     prompt_tokens: int | None = None
     http_status: int | None = None
     error: str | None = None
+    #: The response ``id`` the deployment gave (joins its logs and traces).
+    upstream_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The fields written to pairs.jsonl (outputs left out: they are large)."""
@@ -77,6 +79,8 @@ class Observation:
             out["http_status"] = self.http_status
         if self.error is not None:
             out["error"] = self.error
+        if self.upstream_id is not None:
+            out["upstream_id"] = self.upstream_id
         return out
 
 
@@ -125,6 +129,7 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
         prompt_tokens=prompt if isinstance(prompt, int) else None,
         http_status=response.get("http_status"),
         error=response.get("error"),
+        upstream_id=response.get("upstream_id"),
     )
 
 

@@ -9,26 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import struct
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgpack
 import numpy as np
 import pytest
 
-from shadow_proxy.consumer import read_record_file, run_consumer
 from shadow_proxy.mock_frontend import MockConfig, diverges, load_models, serve_mock_frontend
 from shadow_proxy.replay.cli import FileRecords
 from shadow_proxy.replay.runner import Replay, ReplayOptions
-from shadow_proxy.wire import decode_envelope
-from tests.conftest import free_port, proxy_config, run_proxy, wait_for
+from tests.conftest import free_port, wait_for
+from tests.integration.replay_capture import capture, load_records
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -50,82 +46,29 @@ def _frontend(model_dirs: dict, loaded: dict, **knobs: Any) -> Any:
     return serve_mock_frontend(config, loaded)
 
 
-class Consumer:
-    """``shadow-consumer --record`` in a thread, until stopped."""
-
-    def __init__(self, endpoint: str, topic: str, out: Path) -> None:
-        self.summary = out / "consumer-summary.json"
-        self.stop = threading.Event()
-        self.records = out / "records"
-        self.records.mkdir()
-        argv = [
-            "--endpoint", endpoint, "--topic", topic, "--interval", "0.1",
-            "--summary-path", str(self.summary), "--record", str(self.records / "joined.rec"),
-            "--record-max-bytes", "12000", "--record-keep", "50",
-        ]  # fmt: skip
-        self.sink = sink = open(os.devnull, "w")  # noqa: SIM115
-        self.thread = threading.Thread(
-            target=run_consumer, args=(argv,), kwargs={"stop": self.stop, "out": sink, "err": sink}
-        )
-        self.thread.start()
-
-    def read(self) -> dict:
-        try:
-            return json.loads(self.summary.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-        self.sink.close()
-
-
 @pytest.fixture(scope="module")
 def captured(model_dirs: dict, loaded: dict, tmp_path_factory) -> Path:
     """A rotated record set of REQUESTS joined records captured through the proxy."""
     out = tmp_path_factory.mktemp("captured")
-
-    async def capture() -> None:
-        async with _frontend(model_dirs, loaded, **PRIMARY) as (primary, _app):
-            endpoint = f"tcp://127.0.0.1:{free_port()}"
-            taps = [
-                {"name": "joined", "topic": "joined", "capture": "request_response",
-                 "emit": "joined", "endpoint": endpoint, "capacity": 4096},
-            ]  # fmt: skip
-            models = [{"name": "deepseek", "tokenizer": str(model_dirs["deepseek"])}]
-            config = proxy_config(primary, models=models, taps=taps)
-            consumer = Consumer(endpoint, "joined", out)
-            try:
-                async with run_proxy(config) as (url, _registry, _app2):
-                    await wait_for(lambda: consumer.read().get("heartbeats", 0) >= 1, timeout=15)
-                    async with aiohttp.ClientSession() as session:
-                        for k in range(REQUESTS):
-                            body = {
-                                "model": "deepseek",
-                                "messages": [{"role": "user", "content": f"question {k} " * k}],
-                                "max_tokens": MAX_TOKENS,
-                                "stream": k % 2 == 0,
-                            }
-                            headers = {"x-request-id": f"cap-{k}"}
-                            async with session.post(
-                                f"{url}/v1/chat/completions", json=body, headers=headers
-                            ) as resp:
-                                assert resp.status == 200
-                                await resp.read()
-                            await asyncio.sleep(0.01)
-                    await wait_for(lambda: consumer.read().get("records") == REQUESTS, timeout=15)
-            finally:
-                consumer.close()
-
-    asyncio.run(capture())
-    return out / "records"
-
-
-def load_records(directory: Path) -> list[dict]:
-    return [
-        decode_envelope(p) for f in FileRecords([str(directory)]).files for p in read_record_file(f)
+    models = [{"name": "deepseek", "tokenizer": str(model_dirs["deepseek"])}]
+    requests = [
+        (
+            f"cap-{k}",
+            {
+                "model": "deepseek",
+                "messages": [{"role": "user", "content": f"question {k} " * k}],
+                "max_tokens": MAX_TOKENS,
+                "stream": k % 2 == 0,
+            },
+        )
+        for k in range(REQUESTS)
     ]
+
+    async def run() -> Path:
+        async with _frontend(model_dirs, loaded, **PRIMARY) as (primary, _app):
+            return await capture(primary, models, requests, out, max_bytes=12000)
+
+    return asyncio.run(run())
 
 
 async def replay(source: Path, out: Path, candidate: str, baseline: str | None, **kw) -> dict:
