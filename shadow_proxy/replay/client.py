@@ -225,11 +225,13 @@ class CandidateClient:
             encoded = await loop.run_in_executor(self._pool, _encode_all, self._encode, texts)
             ids = tuple(tuple(e) for e in encoded)
         own = [len(ids[k]) if ids is not None else c.chunks for k, c in enumerate(choices)]
+        returned = bool(choices) and all(c.token_ids is not None for c in choices)
         usage = stream.usage or {}
         completion = usage.get("completion_tokens")
         if isinstance(completion, int) and len(own) == 1:
             own = [completion]
         output = completion if isinstance(completion, int) else (sum(own) if own else None)
+        exact = completion if isinstance(completion, int) else (sum(own) if returned else None)
         wanted = int(request.body.get("n") or 1)
         finished = len(choices) >= wanted and all(c.finish_reason for c in choices)
         outcome = "complete" if finished else "incomplete"
@@ -241,7 +243,7 @@ class CandidateClient:
             finish_reasons=tuple(c.finish_reason for c in choices),
             choice_tokens=tuple(own),
             output_tokens=output,
-            usage_output=isinstance(completion, int),
+            exact_tokens=exact,
             token_ids=ids,
             texts=texts,
             truncated=any(c.truncated for c in choices),

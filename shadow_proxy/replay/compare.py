@@ -16,9 +16,12 @@ Definitions, the same on both sides so that a ratio compares like with like:
 - a primary whose whole output came in one chunk (a non-streaming request, or
   one chunk of several tokens) has no token timing: its TTFT and ITL are left
   out (None), its end-to-end latency stays;
-- output tokens are compared on the same footing: the usage figures when both
-  sides reported usage, else the counts of both sides' token ids (a record
-  without usage counts retokenized ids), else whatever each side has;
+- output tokens are compared only between exact counts: a deployment's
+  ``usage.completion_tokens``, else the token ids it returned itself. A count
+  from retokenized text (a record without usage whose ids were retokenized, a
+  candidate's text encoded with ``--tokenizer``) is an estimate: two different
+  texts of the same length in tokens may retokenize to different lengths, so
+  such a pair's token counts are not compared (``output_tokens_delta: None``);
 - output equality, per choice: token ids when both sides have them for every
   choice, else text when both have it, else not compared (``basis: none``).
   The first divergent position is the first index (token or character) at
@@ -48,8 +51,9 @@ class Observation:
     finish_reasons: tuple[str | None, ...] = ()
     choice_tokens: tuple[int, ...] = ()
     output_tokens: int | None = None
-    #: ``output_tokens`` is the deployment's ``usage.completion_tokens``.
-    usage_output: bool = False
+    #: The output token count the deployment itself gave (usage, else its own
+    #: returned ids); None when only an estimate exists (retokenized, chunks).
+    exact_tokens: int | None = None
     token_ids: tuple[tuple[int, ...], ...] | None = None
     texts: tuple[str, ...] | None = None
     #: The output ids are a prefix of what was generated (a tap's cap).
@@ -117,7 +121,7 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
         finish_reasons=tuple(c.get("finish_reason") for c in choices),
         choice_tokens=counts,
         output_tokens=response.get("output_tokens"),
-        usage_output=isinstance(usage.get("completion_tokens"), int),
+        exact_tokens=_exact_tokens(usage, response, ids),
         token_ids=tuple(tuple(i) for i in ids)
         if ids and all(isinstance(i, list) for i in ids)
         else None,
@@ -235,12 +239,19 @@ def compare(primary: Observation, other: Observation, record_prompt_tokens: int)
 
 
 def _token_counts(primary: Observation, other: Observation) -> tuple[int | None, int | None]:
-    """Both sides' output token counts on the same footing (see the module doc)."""
-    if primary.usage_output and other.usage_output:
-        return primary.output_tokens, other.output_tokens
-    if primary.token_ids is None or other.token_ids is None or primary.truncated:
-        return primary.output_tokens, other.output_tokens
-    return sum(map(len, primary.token_ids)), sum(map(len, other.token_ids))
+    """Both sides' exact output token counts (see the module doc)."""
+    return primary.exact_tokens, other.exact_tokens
+
+
+def _exact_tokens(usage: Mapping[str, Any], response: Mapping[str, Any], ids: list) -> int | None:
+    completion = usage.get("completion_tokens")
+    if isinstance(completion, int) and not isinstance(completion, bool):
+        return completion
+    upstream = response.get("token_ids_source") == "upstream"
+    whole = not any(c.get("truncated") for c in response.get("choices", ()))
+    if upstream and whole and ids and all(isinstance(i, list) for i in ids):
+        return sum(map(len, ids))
+    return None
 
 
 def _ratio(value: float | None, reference: float | None) -> float | None:

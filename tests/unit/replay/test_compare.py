@@ -37,6 +37,7 @@ def observed(**fields) -> Observation:
         "finish_reasons": ("length",),
         "choice_tokens": (4,),
         "output_tokens": 4,
+        "exact_tokens": 4,
         "token_ids": ((1, 2, 3, 4),),
         "ttft_ms": 40.0,
         "itl_ms": 20.0,
@@ -92,7 +93,7 @@ class TestCompare:
         p = primary_observation(record())
         d = compare(p, observed(token_ids=((1, 2, 9, 4),)), 9)
         assert (d.output_equal, d.divergence) == (False, Divergence(0, 2))
-        d = compare(p, observed(token_ids=((1, 2, 3),), output_tokens=3), 9)
+        d = compare(p, observed(token_ids=((1, 2, 3),), output_tokens=3, exact_tokens=3), 9)
         assert d.divergence == Divergence(0, 3)
         assert d.output_tokens_delta == -1
         d = compare(p, observed(token_ids=((1, 2, 3, 4), (7,))), 9)
@@ -118,6 +119,18 @@ class TestCompare:
         )
         d = compare(primary_observation(cut), observed(), 9)
         assert (d.prefix, d.output_equal) == (True, True)
+
+    def test_token_counts_only_between_exact_counts(self) -> None:
+        no_usage = record(usage=None)
+        del no_usage["response"]["usage"]
+        estimate = primary_observation(no_usage)  # ids retokenized by the proxy
+        assert estimate.exact_tokens is None
+        assert compare(estimate, observed(exact_tokens=7), 9).output_tokens_delta is None
+        no_usage["response"]["token_ids_source"] = "upstream"
+        returned = primary_observation(no_usage)
+        assert returned.exact_tokens == 4
+        assert compare(returned, observed(exact_tokens=7), 9).output_tokens_delta == 3
+        assert compare(returned, observed(exact_tokens=None), 9).output_tokens_delta is None
 
     def test_outcome_finish_prompt(self) -> None:
         p = primary_observation(record())

@@ -76,6 +76,7 @@ def obs(ttft: float, ids: tuple[int, ...] = (1, 2), error: str | None = None) ->
         outcome="error" if error else "complete",
         finish_reasons=("length",),
         output_tokens=len(ids),
+        exact_tokens=len(ids),
         token_ids=(ids,),
         ttft_ms=ttft,
         itl_ms=ttft / 10,
