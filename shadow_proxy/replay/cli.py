@@ -20,7 +20,7 @@ from typing import Any
 
 from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
 from shadow_proxy.replay.runner import Replay, ReplayOptions
-from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES, DEFAULT_TOLERANCE
+from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES, DEFAULT_MIN_DIFF_MS, DEFAULT_TOLERANCE
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -147,7 +147,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokenizer.json (or its directory) to encode a candidate's text when it returns "
         "no token ids, so outputs compare token by token with the record's ids",
     )
-    parser.add_argument("--tolerance", type=_non_negative, default=DEFAULT_TOLERANCE)
+    parser.add_argument(
+        "--tolerance",
+        type=_non_negative,
+        default=DEFAULT_TOLERANCE,
+        help="a latency ratio counts only outside [1/(1+T), 1+T] (whole 95%% interval)",
+    )
+    parser.add_argument(
+        "--min-diff-ms",
+        type=_non_negative,
+        default=DEFAULT_MIN_DIFF_MS,
+        help="and only when the p50s differ by at least this many ms",
+    )
     parser.add_argument("--request-id-header", default="x-request-id")
     parser.add_argument(
         "--connect-timeout-s", type=_positive(float), default=DEFAULT_CONNECT_TIMEOUT_S
@@ -197,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             model=args.model,
             compare=not args.no_compare,
             tolerance=args.tolerance,
+            min_diff_ms=args.min_diff_ms,
             tokenizer=args.tokenizer,
             request_id_header=args.request_id_header,
             connect_timeout_s=args.connect_timeout_s,

@@ -141,7 +141,8 @@ def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> 
     lines += [
         "",
         f"A latency difference counts when the whole 95% interval of {judged} (paired "
-        f"bootstrap of the p50 ratio) lies outside [1/{1 + tolerance:g}, {1 + tolerance:g}].",
+        f"bootstrap of the p50 ratio) lies outside [1/{1 + tolerance:g}, {1 + tolerance:g}] "
+        f"and the p50s differ by at least {summary['min_diff_ms']:g} ms.",
         "",
         "## Differences per request",
         "",

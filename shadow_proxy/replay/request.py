@@ -22,8 +22,9 @@ stop_conditions.min_tokens  ``min_tokens`` (top level: Dynamo's ``CommonExt``,
                             vLLM's and SGLang's completion request)
 stop_conditions.ignore_eos  ``ignore_eos`` (top level in all three; Dynamo's
                             ``nvext.ignore_eos`` is deprecated, top level wins)
-stop_conditions.max_thinking_tokens  ``thinking_token_budget`` (what the
-                            proxy's preprocessor reads, as Dynamo does)
+stop_conditions.max_thinking_tokens  ``nvext.max_thinking_tokens`` (Dynamo
+                            1.6.1 answers 400 to a top-level
+                            ``thinking_token_budget`` on completions)
 sampling_options.*          ``n``, ``best_of``, ``temperature``, ``top_p``,
                             ``presence_penalty``, ``frequency_penalty``,
                             ``seed`` (OpenAI fields); ``top_k``, ``min_p``,
@@ -38,6 +39,15 @@ output_options.logprobs     ``logprobs`` (completions: an integer)
 extra_args.sampling_options ``detokenize``, ``allowed_token_ids``,
                             ``bad_words_token_ids`` as they were sent
 ==========================  ==================================================
+
+Dynamo 1.6.1 answers 400 to an unknown top-level field and to an unknown
+``nvext`` key, so only fields the record holds are sent, and nothing is
+duplicated into ``nvext``. Headers: the record's request id in
+``request_id_header`` (``x-request-id``: vLLM takes it as its request id; Dynamo
+echoes it) and in ``x-dynamo-request-id`` (Dynamo takes a UUID there as its own
+request id, so its logs and its request trace carry it): the request id itself
+when it is a UUID, else ``uuid5(REQUEST_ID_NAMESPACE, request_id)``. SGLang
+reads a body ``rid`` that Dynamo rejects; it is not sent.
 
 Not sent: ``stop_token_ids_hidden`` and ``eos_token_ids`` (the candidate's own
 model card decides them, as the primary's did), routing pins (wrong for another
@@ -59,6 +69,7 @@ Why a record may not be replayed (``Skip.reason``):
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,6 +77,10 @@ import attrs
 
 COMPLETIONS_PATH = "/v1/completions"
 DEFAULT_REQUEST_ID_HEADER = "x-request-id"
+DYNAMO_REQUEST_ID_HEADER = "x-dynamo-request-id"
+#: uuid5 namespace for request ids that are not UUIDs (fixed: the same record
+#: always gets the same Dynamo request id).
+REQUEST_ID_NAMESPACE = uuid.UUID("6f1d3c1e-5a0b-4d8e-9c2f-7b1e0a9d4c35")
 
 SKIP_REASONS = ("invalid_record", "no_token_ids", "multimodal", "no_response", "late")
 
@@ -161,9 +176,19 @@ def build_request(
     return CandidateRequest(
         request_id=request_id,
         body=body,
-        headers={request_id_header: request_id},
+        headers={request_id_header: request_id, DYNAMO_REQUEST_ID_HEADER: dynamo_id(request_id)},
         prompt_tokens=len(token_ids),
     )
+
+
+def dynamo_id(request_id: str) -> str:
+    """The ``x-dynamo-request-id`` for a record: its request id if that is a UUID,
+    else a UUID derived from it."""
+    try:
+        uuid.UUID(request_id)
+    except ValueError:
+        return str(uuid.uuid5(REQUEST_ID_NAMESPACE, request_id))
+    return request_id
 
 
 def _mapping(container: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -183,7 +208,7 @@ def _stop_fields(stop: Mapping[str, Any]) -> dict[str, Any]:
     if stop.get("ignore_eos") is True:
         out["ignore_eos"] = True
     if isinstance(stop.get("max_thinking_tokens"), int):
-        out["thinking_token_budget"] = stop["max_thinking_tokens"]
+        out["nvext"] = {"max_thinking_tokens": stop["max_thinking_tokens"]}
     return out
 
 

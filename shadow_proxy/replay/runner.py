@@ -38,7 +38,13 @@ from shadow_proxy.replay.request import (
     build_request,
 )
 from shadow_proxy.replay.schedule import ScheduleConfig, Scheduler
-from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES, DEFAULT_TOLERANCE, Samples, Tally
+from shadow_proxy.replay.stats import (
+    DEFAULT_MAX_SAMPLES,
+    DEFAULT_MIN_DIFF_MS,
+    DEFAULT_TOLERANCE,
+    Samples,
+    Tally,
+)
 
 PROGRESS_INTERVAL_S = 0.5
 
@@ -60,6 +66,7 @@ class ReplayOptions:
     compare: bool = True
     live: bool = False
     tolerance: float = DEFAULT_TOLERANCE
+    min_diff_ms: float = DEFAULT_MIN_DIFF_MS
     tokenizer: Path | None = None
     request_id_header: str = DEFAULT_REQUEST_ID_HEADER
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
@@ -88,6 +95,7 @@ class Replay:
         self.tally = Tally(
             has_baseline=options.baseline is not None and options.compare,
             tolerance=options.tolerance,
+            min_diff_ms=options.min_diff_ms,
             samples=Samples(max_samples=options.max_samples),
         )
         self.scheduler: Scheduler[Item] = Scheduler(

@@ -18,7 +18,11 @@ floor: the primary's latencies were measured at the proxy, the candidate's and
 the baseline's by this replayer under the same schedule, so what the baseline
 shows against the primary is measurement and noise, not change). A difference
 counts only when the whole interval lies outside [1/(1+t), 1+t], t being
-``tolerance`` (default 0.05): ``higher`` or ``lower``, else ``no_difference``.
+``tolerance`` (default 0.05), and the two p50s differ by at least
+``min_diff_ms`` (default 1 ms; as Diffy's absolute threshold beside its
+relative one: a ratio of near-zero latencies, e.g. the inter-token latency of
+an engine that sends its tokens in bursts, is noise however large):
+``higher`` or ``lower``, else ``no_difference``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ BOOTSTRAP_ROUNDS = 1000
 CONFIDENCE = 0.95
 DEFAULT_MAX_SAMPLES = 100_000
 DEFAULT_TOLERANCE = 0.05
+DEFAULT_MIN_DIFF_MS = 1.0
 METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 SIDES = ("primary", "candidate", "baseline")
 #: Sample columns: every metric for every side, then divergence positions.
@@ -90,11 +95,19 @@ def bootstrap_ratio(
     return float(lo), float(hi)
 
 
-def verdict(interval: tuple[float, float] | None, tolerance: float) -> str:
-    """``higher``/``lower`` when the whole interval is beyond the tolerance band,
-    ``no_difference`` otherwise, ``unknown`` without an interval."""
+def verdict(
+    interval: tuple[float, float] | None,
+    tolerance: float,
+    difference_ms: float | None = None,
+    min_diff_ms: float = 0.0,
+) -> str:
+    """``higher``/``lower`` when the whole interval is beyond the tolerance band
+    and the p50s differ by at least ``min_diff_ms``; ``no_difference``
+    otherwise; ``unknown`` without an interval."""
     if interval is None:
         return "unknown"
+    if difference_ms is not None and abs(difference_ms) < min_diff_ms:
+        return "no_difference"
     lo, hi = interval
     if lo > 1 + tolerance:
         return "higher"
@@ -149,6 +162,7 @@ class Tally:
 
     has_baseline: bool = False
     tolerance: float = DEFAULT_TOLERANCE
+    min_diff_ms: float = DEFAULT_MIN_DIFF_MS
     samples: Samples = attrs.field(factory=Samples)
     records: int = 0
     replayed: int = 0
@@ -226,7 +240,9 @@ class Tally:
         out["ratio_p50"] = _ratio(c, p)
         out["ratio_p50_ci95"] = _interval(bootstrap_ratio(col["candidate"], col["primary"]))
         if not self.has_baseline:
-            out["verdict"] = verdict(out["ratio_p50_ci95"], self.tolerance)
+            out["verdict"] = verdict(
+                out["ratio_p50_ci95"], self.tolerance, _diff(c, p), self.min_diff_ms
+            )
             out["judged_against"] = "primary"
             return out
         out["baseline"] = b = percentiles(col["baseline"])
@@ -235,7 +251,7 @@ class Tally:
         out["candidate_vs_baseline_p50"] = _ratio(c, b)
         vs = bootstrap_ratio(col["candidate"], col["baseline"])
         out["candidate_vs_baseline_ci95"] = _interval(vs)
-        out["verdict"] = verdict(vs, self.tolerance)
+        out["verdict"] = verdict(vs, self.tolerance, _diff(c, b), self.min_diff_ms)
         out["judged_against"] = "baseline"
         return out
 
@@ -257,6 +273,7 @@ class Tally:
             "differences": {name: attrs.asdict(c) for name, c in self.fields.items()},
             **{metric: self.latency(metric) for metric in METRICS},
             "tolerance": self.tolerance,
+            "min_diff_ms": self.min_diff_ms,
             "sampled": self.samples.sampled,
         }
         if self.has_baseline:
@@ -269,6 +286,10 @@ def _ratio(top: dict[str, float] | None, bottom: dict[str, float] | None) -> flo
     if top is None or bottom is None or bottom["p50"] <= 0:
         return None
     return round(top["p50"] / bottom["p50"], 4)
+
+
+def _diff(top: dict[str, float] | None, bottom: dict[str, float] | None) -> float | None:
+    return None if top is None or bottom is None else top["p50"] - bottom["p50"]
 
 
 def _interval(interval: tuple[float, float] | None) -> list[float] | None:

@@ -15,7 +15,8 @@ is the uuid of the response ``id`` the client saw: the record keeps the
 primary's (``upstream_id``) and pairs.jsonl the candidate's and the baseline's,
 so each replayed request is matched with its primary request by a key proven
 on both sides, and the hashes must be equal request for request (and so as
-multisets).
+multisets). The replayer's ``x-dynamo-request-id`` makes the candidate's row id
+the record's request id (as a UUID): checked too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 
 from shadow_proxy.replay.cli import FileRecords
+from shadow_proxy.replay.request import dynamo_id
 from shadow_proxy.replay.runner import Replay, ReplayOptions
 from tests.conftest import require_dynamo
 from tests.dynamo_harness import REPO, DynamoProcs, start_dynamo
@@ -168,6 +170,8 @@ def _check_engine_input(
     by_request = {p["request_id"]: p for p in pairs}
     other_ids = [_dynamo_id(by_request[r["request_id"]][side]["upstream_id"]) for r in records]
     other = deployments[name].wait_trace(other_ids)
+    # x-dynamo-request-id carried the record's request id (as a UUID) into Dynamo.
+    assert other_ids == [dynamo_id(r["request_id"]) for r in records]
     for record, pid, oid in zip(records, primary_ids, other_ids, strict=True):
         mine, theirs = primary[pid]["replay"], other[oid]["replay"]
         assert theirs["input_sequence_hashes"] == mine["input_sequence_hashes"], record[

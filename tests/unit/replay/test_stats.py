@@ -56,6 +56,8 @@ class TestBootstrap:
         assert verdict((1.04, 1.2), 0.05) == "no_difference"
         assert verdict((0.5, 0.95), 0.05) == "lower"
         assert verdict(None, 0.05) == "unknown"
+        assert verdict((2.0, 9.0), 0.05, difference_ms=0.4, min_diff_ms=1.0) == "no_difference"
+        assert verdict((2.0, 9.0), 0.05, difference_ms=-1.5, min_diff_ms=1.0) == "higher"
 
 
 class TestSamples:
