@@ -16,7 +16,8 @@ What is measured, with ``time.monotonic_ns`` from just before the request is
 sent: TTFT (first chunk carrying text or token ids), the last such chunk, and
 the end (``[DONE]`` or the end of the body). Per choice: finish reason, text
 (at most ``max_text_bytes`` per choice; past it ``truncated``), token ids when
-the deployment returns them on the choice (vLLM's ``return_token_ids``), and
+the deployment returns them on the choice (vLLM's ``return_token_ids``; at most
+``MAX_TOKEN_IDS`` per choice), and
 chunk counts; per response: the last ``usage`` and the ``id``. Without
 returned ids and with a ``tokenizer``, each choice's text is encoded (without
 special tokens, as the proxy retokenizes a primary's output) in a one-thread
@@ -41,6 +42,8 @@ from shadow_proxy.replay.request import COMPLETIONS_PATH, CandidateRequest
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 300.0
 DEFAULT_MAX_TEXT_BYTES = 1 << 20
+#: Returned token ids kept per choice; past it the choice is ``truncated``.
+MAX_TOKEN_IDS = 1 << 18
 MAX_ERROR_CHARS = 300
 MAX_ERROR_BODY_BYTES = 64 * 1024
 #: aiohttp's line limit; an SSE line longer than this is an error.
@@ -116,7 +119,9 @@ class _Stream:
                 content = True
                 if choice.token_ids is None:
                     choice.token_ids = []
-                choice.token_ids.extend(ids)
+                room = MAX_TOKEN_IDS - len(choice.token_ids)
+                choice.token_ids.extend(ids[:room])
+                choice.truncated = choice.truncated or len(ids) > room
             if raw.get("finish_reason") is not None:
                 choice.finish_reason = str(raw["finish_reason"])
         if content:
