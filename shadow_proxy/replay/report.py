@@ -117,6 +117,14 @@ def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> 
     if baseline:
         rows.insert(5, ["baseline errors", summary.get("baseline_errors")])
     lines += _table(["", "value"], rows)
+    uncompared = summary.get("output_basis", {}).get("none")
+    if uncompared:
+        lines += [
+            "",
+            f"{uncompared} outputs were not compared: no common basis (the record holds "
+            "token ids and the candidate returned text only, or the reverse); "
+            "`--tokenizer DIR` encodes the candidate's text as the proxy encodes the primary's.",
+        ]
     lines += ["", "## Latency", ""]
     judged = "candidate / baseline" if baseline else "candidate / primary"
     head = ["metric", "primary p50/p90/p99", "candidate p50/p90/p99"]
