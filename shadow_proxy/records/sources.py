@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,32 @@ class TapSource(RecordSource):
         if not self._socket.closed:
             self._socket.close(linger=0)
             self._context.term()
+
+
+#: Records a reorder window holds by default (about 1 KiB of state each, plus
+#: the records themselves).
+DEFAULT_REORDER_WINDOW = 4096
+
+
+async def in_arrival_order(
+    deliveries: AsyncIterator[Delivery], window: int = DEFAULT_REORDER_WINDOW
+) -> AsyncIterator[Delivery]:
+    """Deliveries re-sorted by ``arrival_unix_ns`` within a bounded window.
+
+    Joined records are published when their response ends, so a record file
+    is in end order, not arrival order. Holding up to ``window`` deliveries in
+    a heap restores arrival order wherever a record is overtaken by fewer than
+    ``window`` later-arriving ones (at most ``window`` are held at any time).
+    """
+    heap: list[tuple[int, int, Delivery]] = []
+    count = 0
+    async for delivery in deliveries:
+        count += 1
+        heapq.heappush(heap, (delivery.envelope["arrival_unix_ns"], count, delivery))
+        if len(heap) > window:
+            yield heapq.heappop(heap)[2]
+    while heap:
+        yield heapq.heappop(heap)[2]
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
 
 if TYPE_CHECKING:
@@ -262,20 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _missing_tools() -> str | None:
-    """Why the tools extra cannot be used, or None."""
-    try:
-        import matplotlib  # noqa: F401
-        import numba  # noqa: F401
-        import numpy  # noqa: F401
-        import xxhash  # noqa: F401
-    except ModuleNotFoundError as e:
-        return f"needs {e.name}: install the tools extra (pip install 'shadow-proxy[tools]')"
-    return None
-
-
 def main(argv: Iterable[str] | None = None) -> int:
-    missing = _missing_tools()
+    missing = missing_tools()
     if missing:
         print(f"shadow-trace: {missing}", file=sys.stderr)
         return EXIT_USAGE
