@@ -19,6 +19,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 import zmq
 import zmq.asyncio
@@ -27,8 +28,10 @@ from shadow_proxy.consumer.accounting import Accounts
 from shadow_proxy.devtools.frontend import MockConfig
 from shadow_proxy.devtools.frontend import make_app as mock_app
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
+from shadow_proxy.devtools.nats_server import NatsCluster
 from shadow_proxy.records.wire import decode_envelope, heartbeat_topic
 from shadow_proxy.serving.app import TAPS
+from shadow_proxy.serving.supervisor import StartupError
 from shadow_proxy.worker.publishers.jetstream import PENDING_BYTES
 from tests.conftest import free_port, run_proxy, serve, wait_for
 from tests.integration.jetstream_helpers import (
@@ -284,3 +287,42 @@ class TestServersStopped:
         messages = await tap_messages(nats_server.urls, "shadow.kv")
         seqs = [int(m.headers["Shadow-Seq"]) for m in messages]
         assert len(seqs) == len(set(seqs)) == 50 + 2 * capacity
+
+
+class TestStartUp:
+    """The proxy starts and serves when no NATS server answers, and publishes once
+    one does; a stream that does not cover the taps' subjects stops start-up."""
+
+    async def test_no_server_then_one(self, tmp_path, model_dirs):
+        cluster = NatsCluster.create(tmp_path / "nats", 1)
+        tap = on_nats(REFERENCE_TAPS[0])
+        try:
+            async with frontend(model_dirs, itl_ms=1.0) as url_frontend:
+                config = jetstream_config(url_frontend, model_dirs, cluster.urls, tap)
+                async with run_proxy(config) as (url, registry, app):
+                    spec = LoadSpec(url=url, model=MODEL, requests=10, concurrency=4,
+                                    prompt_tokens=32, output_tokens=4)  # fmt: skip
+                    summary = (await run_load(spec)).summary()
+                    assert (summary["ok"], summary["errors"]) == (10, 0)
+                    await wait_for(lambda: tap_state(app).get("kv", {}).get("queued") == 10, 10)
+                    assert tap_state(app)["kv"]["published"] == 0
+                    cluster.start()
+                    await published(app, "kv", 10)
+            messages = await tap_messages(cluster.urls, "shadow.kv")
+            assert sorted(int(m.headers["Shadow-Seq"]) for m in messages) == list(range(10))
+        finally:
+            cluster.stop()
+
+    async def test_stream_not_covering_the_taps(self, nats_server, model_dirs):
+        nc = await nats.connect(nats_server.urls)
+        await nc.jetstream().add_stream(name="SHADOW", subjects=["elsewhere.>"])
+        await nc.close()
+        tap = on_nats(REFERENCE_TAPS[0])
+        async with frontend(model_dirs, itl_ms=1.0) as url_frontend:
+            config = jetstream_config(url_frontend, model_dirs, nats_server.urls, tap)
+            with pytest.raises(StartupError) as info:
+                async with run_proxy(config):
+                    pass
+        message = str(info.value)
+        for part in ("'SHADOW'", "elsewhere.>", "shadow.kv"):
+            assert part in message, message
