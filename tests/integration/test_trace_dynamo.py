@@ -27,7 +27,7 @@ import pytest_asyncio
 import zmq
 
 import tests.dynamo_harness as harness
-from shadow_proxy import wire
+from shadow_proxy.records import wire
 from shadow_proxy.trace.cli import main as trace_main
 from tests.conftest import MODELS_DIR, free_port, proxy_config, require_dynamo, run_proxy
 from tests.trace_records import write_records
