@@ -198,7 +198,9 @@ class TestDynamoExportEqualsDynamosTrace:
         envelopes = await poll(lambda: collector.get(ids), 30, "records of the workload")
         records = write_records(tmp_path / "records.bin", envelopes)
         out = tmp_path / "dynamo.jsonl"
-        code = trace_main(["export", str(records), "--format", "dynamo", "-o", str(out)])
+        code = await asyncio.to_thread(
+            trace_main, ["export", str(records), "--format", "dynamo", "-o", str(out)]
+        )
         assert code == 0
         ours = [json.loads(line)["event"] for line in out.read_text().splitlines()]
 
