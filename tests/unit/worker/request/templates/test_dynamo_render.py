@@ -14,7 +14,11 @@ from shadow_proxy.devtools import modeldirs
 from shadow_proxy.worker.request.fields import Reject
 from shadow_proxy.worker.request.templates import load_chat_template
 from shadow_proxy.worker.request.templates.dynamo import DynamoTemplate, template_kwargs
-from shadow_proxy.worker.request.templates.minijinja_env import nested_repr, to_template_value
+from shadow_proxy.worker.request.templates.minijinja_env import (
+    nested_repr,
+    rewrite_source,
+    to_template_value,
+)
 from shadow_proxy.worker.request.tokenizer import load_model
 
 REPO = Path(__file__).resolve().parents[5]
@@ -110,6 +114,7 @@ class TestEnvironment:
             ("[{{ nosuch }}]{{ nosuch | length }}{{ none | length }}", "[]00"),
             ("{{ ('{\"k\": [1, true]}' | fromjson).k }}", "[1, True]"),
             ("{% for k, v in x.items() %}{{ k }};{% endfor %}", "u;f;l;"),
+            ("{% for k, v in schema.items() %}{{ k }};{% endfor %}", "type;items;"),
             ("{{ '.items()' }}", ".items()"),
             ("{% generation %}G{% endgeneration %}", "G"),
             (
@@ -121,9 +126,22 @@ class TestEnvironment:
         ],
     )
     def test_expression(self, source: str, want: str) -> None:
-        kwargs = {"x": {"u": "ü <&>", "f": 1.0, "l": [True, None]}}
+        kwargs = {
+            "x": {"u": "ü <&>", "f": 1.0, "l": [True, None]},
+            "schema": {"type": "array", "items": {"type": "string"}},
+        }
         out = probe(source).render({"messages": [user()], "chat_template_kwargs": kwargs})
         assert out == want
+
+    def test_source_rewrite_skips_strings_comments_and_raw(self) -> None:
+        source = (
+            "{{ a.items() }}{% for k in b.items() -%}{%- generation %}"
+            "{{ 'c.items()' }}{# d.items() #}{% raw %}{{ e.items() }}{% endraw %}"
+        )
+        assert rewrite_source(source) == (
+            "{{ a|items }}{% for k in b|items -%}{%- with %}"
+            "{{ 'c.items()' }}{# d.items() #}{% raw %}{{ e.items() }}{% endraw %}"
+        )
 
     def test_raise_exception_and_undefined_attribute_fail(self) -> None:
         with pytest.raises(minijinja.TemplateError, match="boom"):
