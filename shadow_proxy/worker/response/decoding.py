@@ -84,12 +84,12 @@ class BodyDecoder:
             return
         # The limit stops the buffer growing once reached (it may end up to
         # about twice DECODE_STEP); the pieces handed on are cut to DECODE_STEP.
+        # Output may still be pending when the decoder already accepts more
+        # input: drain until a call yields nothing.
         out = obj.process(data, output_buffer_limit=DECODE_STEP)
-        while True:
+        while out or not obj.can_accept_more_data():
             for at in range(0, len(out), DECODE_STEP):
                 yield out[at : at + DECODE_STEP]
-            if obj.can_accept_more_data() or obj.is_finished():
-                return
             out = obj.process(b"", output_buffer_limit=DECODE_STEP)
 
     def _zstd(self, data: bytes) -> Iterator[bytes]:
