@@ -110,6 +110,8 @@ def _guided_decoding(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any
     json_schema = pick("guided_json")
     if json_schema is None and chat:
         json_schema = _response_format_schema(request.get("response_format"))
+    if json_schema is None and chat:
+        json_schema = _tool_choice_schema(request.get("tool_choice"), request.get("tools"))
     choice = pick("guided_choice")
     if choice is not None and not (
         isinstance(choice, list) and all(isinstance(item, str) for item in choice)
@@ -128,6 +130,37 @@ def _guided_decoding(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any
         return None
     options["backend"] = string(pick("guided_decoding_backend"))
     return compact(options)
+
+
+def _tool_choice_schema(choice: Any, tools: Any) -> Any:
+    """The JSON schema Dynamo 1.6.1 guides a forced tool call with (measured with
+    the recording backend): a named function's ``parameters`` as the client sent
+    them; for ``required``, an array of at least one ``{name, parameters}``
+    object, one ``anyOf`` branch per tool."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    functions = [t.get("function") for t in tools if isinstance(t, dict)]
+    functions = [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    if isinstance(choice, dict):
+        wanted = choice.get("function")
+        name = wanted.get("name") if isinstance(wanted, dict) else None
+        for function in functions:
+            if function["name"] == name:
+                return function.get("parameters") or {}
+        raise Reject("invalid_field")  # a named tool that is not offered: a 400
+    if choice != "required":
+        return None
+    branches = [
+        {
+            "properties": {
+                "name": {"type": "string", "enum": [function["name"]]},
+                "parameters": function.get("parameters") or {},
+            },
+            "required": ["name", "parameters"],
+        }
+        for function in functions
+    ]
+    return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": branches}}
 
 
 def _response_format_schema(value: Any) -> Any:

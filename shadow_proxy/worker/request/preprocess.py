@@ -71,6 +71,7 @@ def _has_lone_surrogate(request: dict) -> bool:
         return True
     return False
 
+
 #: Top-level fields the 1.6.1 frontend refuses with 400 ("Unsupported
 #: parameter"): session identity is never read from the body.
 _REJECTED_FIELDS = ("agent_context", "session_id", "conversation_id", "safety_identifier")
