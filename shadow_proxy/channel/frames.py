@@ -5,7 +5,8 @@ Pure functions and ``struct`` layouts; the sockets live in
 is a few frames; the first is a one-byte kind, the request's 8-byte key (a
 counter of the serving process, never the client's id) and the kind's meta:
 
-- ``q`` request: meta ``REQUEST_META``; frames: request id, body.
+- ``q`` request: meta ``REQUEST_META``; frames: request id, body, engine headers
+  (``channel.headers``: the allow-listed request headers, ``name:value\\n`` each).
 - ``c`` chunks: frames: head, index, joined chunks.
 - ``e`` end: meta ``END_META``; frames: head, detail, index, joined chunks.
 - ``z`` last: the serving process closes the pipe; nothing follows.

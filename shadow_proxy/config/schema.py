@@ -19,6 +19,7 @@ from shadow_proxy.config.nats import NatsConfig, parse_nats_section, parse_tap_t
 from shadow_proxy.config.reader import MISSING, ConfigError, Reader, load_yaml, plain
 from shadow_proxy.config.values import (
     MIB,
+    TEMPLATE_ENGINES,
     Listen,
     ModelEntry,
     Publish,
@@ -159,7 +160,7 @@ class _SchemaReader(Reader):
                 self.fail(
                     root, f"models[{i}]", "must be a mapping with 'name' and 'tokenizer'", item
                 )
-            self.known(item, p, {"name", "tokenizer", "context_length"})
+            self.known(item, p, {"name", "tokenizer", "context_length", "template_engine"})
             name = self.get(item, "name", p, str, check=checks.non_empty)
             if name in seen:
                 self.fail(item, f"{p}name", "must be unique across models", name)
@@ -170,6 +171,9 @@ class _SchemaReader(Reader):
                     tokenizer=self.get(item, "tokenizer", p, str, check=checks.non_empty),
                     context_length=self.get(
                         item, "context_length", p, (int, type(None)), None, checks.at_least_1
+                    ),
+                    template_engine=self.get(
+                        item, "template_engine", p, str, "minijinja", _template_engine
                     ),
                 )
             )
@@ -322,3 +326,9 @@ class _SchemaReader(Reader):
 
 
 # -- checks: each returns what was expected, or None ---------------------------
+
+
+def _template_engine(value: str) -> str | None:
+    if value in TEMPLATE_ENGINES:
+        return None
+    return f"must be one of {', '.join(TEMPLATE_ENGINES)} (minijinja: Dynamo; jinja2: vLLM, SGLang)"

@@ -28,11 +28,18 @@ class Upstream:
     max_request_bytes: int = 64 * MIB
 
 
+#: How a model's chat template is rendered: as the frontend in front of it does.
+TEMPLATE_ENGINES = ("minijinja", "jinja2")
+
+
 @attrs.frozen
 class ModelEntry:
     name: str
     tokenizer: str
     context_length: int | None = None
+    #: ``minijinja`` (Dynamo's engine and environment) or ``jinja2``
+    #: (transformers' sandbox, as vLLM and SGLang render).
+    template_engine: str = "minijinja"
 
 
 @attrs.frozen

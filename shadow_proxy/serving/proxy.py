@@ -26,6 +26,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.exchange import EndKind, classify
 from shadow_proxy.serving.handoff import Capture, Handoff
 from shadow_proxy.serving.headers import (
@@ -113,7 +114,10 @@ class ProxyHandler:
 
         capture: Capture | None = None
         if self.handoff is not None and route.mirrored:
-            capture = self.handoff.open(route, request_id, body, arrival_unix_ns, arrival_mono_ns)
+            capture = self.handoff.open(
+                route, request_id, body, arrival_unix_ns, arrival_mono_ns,
+                engine_headers.pick(request.raw_headers),
+            )  # fmt: skip
 
         headers = upstream_request_headers(
             request.headers,

@@ -17,6 +17,7 @@ with a reason (its ``seq`` taken, so the consumer sees the gap).
 from __future__ import annotations
 
 import collections
+import logging
 import re
 import time
 from typing import Any
@@ -24,17 +25,21 @@ from typing import Any
 import attrs
 
 from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.config import Config, TapConfig
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, sample_in
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.records.wire import WireError, encode_envelope
+from shadow_proxy.records.wire import WireError
+from shadow_proxy.worker.encoding import encode_record
 from shadow_proxy.worker.metrics import WorkerMetrics
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 from shadow_proxy.worker.tap_queue import TapQueue
+
+log = logging.getLogger(__name__)
 
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 
@@ -122,7 +127,8 @@ class Joiner:
         route = Route(route_value)
         request_id = frames[1].decode("utf-8", "replace")
         started = time.perf_counter()
-        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns)
+        headers = engine_headers.unpack(frames[3]) if len(frames) > 3 else []
+        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns, headers)
         self.metrics.preprocess_seconds.labels(route.label).observe(time.perf_counter() - started)
         if not isinstance(pre, PreprocessedRequest):
             self.metrics.not_mirrored.labels(pre.reason).inc()
@@ -139,7 +145,12 @@ class Joiner:
             arrival_mono_ns=arrival_mono_ns,
         )
         for tap in self.taps:
-            if not self.takes(tap, pending):
+            try:
+                taken = self.takes(tap, pending)
+            except Exception as exc:  # this tap's filters failed: its loss only
+                self.tap_failed(tap, exc)
+                continue
+            if not taken:
                 continue
             if tap.config.joined:
                 pending.joined.append(tap)
@@ -212,12 +223,16 @@ class Joiner:
             self.metrics.ttft.observe(observed.first_token_offset_ns / 1e9)
         for tap in pending.joined:
             options = tap.config.response
-            response = final.to_record(
-                tokens=options.tokens,
-                text=options.text,
-                max_tokens=options.max_tokens,
-                chunk_timing=options.chunk_timing,
-            )
+            try:
+                response = final.to_record(
+                    tokens=options.tokens,
+                    text=options.text,
+                    max_tokens=options.max_tokens,
+                    chunk_timing=options.chunk_timing,
+                )
+            except Exception as exc:
+                self.tap_failed(tap, exc)
+                continue
             self.publish(tap, pending, response)
 
     def check_prompt_tokens(self, pending: Pending, reported: Any) -> None:
@@ -239,12 +254,25 @@ class Joiner:
 
     # -- records -----------------------------------------------------------------
 
+    def tap_failed(self, tap: Tap, exc: Exception) -> None:
+        """One tap's filters, projection or response failed on a request: that tap
+        loses the record (counted, its seq taken); no other tap is affected."""
+        tap.queue.drop("projection_error")
+        log.warning("tap %s: record dropped (%s)", tap.config.name, type(exc).__name__)
+
     def publish(self, tap: Tap, pending: Pending, response: dict | None) -> None:
+        """Project (shared by taps with equal filters), build, encode and offer one
+        tap's record. A failure costs this tap one counted drop
+        (``projection_error`` or ``encode_error``) and nothing else."""
         config = tap.config
         projection_key = config.filters.projection_key
         request = pending.projections.get(projection_key)
         if request is None:
-            request = config.filters.project(pending.pre)
+            try:
+                request = config.filters.project(pending.pre)
+            except Exception as exc:  # RecursionError, ProjectionError, a bug
+                self.tap_failed(tap, exc)
+                return
             pending.projections[projection_key] = request
         seq = tap.queue.take_seq()
         envelope = build_envelope(
@@ -259,8 +287,8 @@ class Joiner:
             response=response,
         )
         try:
-            payload = encode_envelope(envelope)
-        except WireError:
+            payload = encode_record(envelope)
+        except (WireError, RecursionError):
             tap.queue.dropped["encode_error"] += 1
             return
         tap.queue.offer(payload)

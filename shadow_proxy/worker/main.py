@@ -137,7 +137,12 @@ def _jetstream_link(config: Config) -> Any:
 
 def _load_models(config: Config) -> dict[str, LoadedModel]:
     return {
-        entry.name: load_model(entry.name, entry.tokenizer, entry.context_length)
+        entry.name: load_model(
+            entry.name,
+            entry.tokenizer,
+            entry.context_length,
+            template_engine=entry.template_engine,
+        )
         for entry in config.models
     }
 
