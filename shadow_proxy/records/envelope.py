@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ENVELOPE_SCHEMA_VERSION = 1
-ORIGINS = frozenset({"chat", "completions", "other"})
+ORIGINS = frozenset({"chat", "completions", "responses", "other"})
 OUTCOMES = frozenset({"complete", "incomplete", "cancelled", "error"})
 
 #: Fields every envelope carries; a consumer rejects a record without them.

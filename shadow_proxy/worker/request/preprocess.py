@@ -41,7 +41,7 @@ from typing import Any
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.worker.request import options
+from shadow_proxy.worker.request import options, responses
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
     Reject,
@@ -78,7 +78,7 @@ class Preprocessor:
             return NotMirrored("internal_error")
 
     def _preprocess(self, route: Route, body: bytes, arrival_unix_ns: int) -> PreprocessedRequest:
-        if route not in (Route.CHAT, Route.COMPLETIONS):
+        if route not in (Route.CHAT, Route.COMPLETIONS, Route.RESPONSES):
             raise Reject("unsupported_route")
         try:
             text = body.decode("utf-8")
@@ -96,8 +96,10 @@ class Preprocessor:
         model = self._models.get(name)
         if model is None:
             raise Reject("unknown_model")
+        if route is Route.RESPONSES:  # rebuilt as the chat request 1.6.1 makes of it
+            request = responses.chat_request(request)
         nvext = mapping(request, "nvext") or {}
-        chat = route is Route.CHAT
+        chat = route is not Route.COMPLETIONS
 
         multi_modal_data: dict[str, Any] = {}
         if chat:
