@@ -4,7 +4,9 @@ Pure values. Field names follow Dynamo's shadow tap envelope (schema version 1),
 so a consumer written for Dynamo's ``ShadowEnvelope`` reads these records as they
 are: the fields Dynamo requires are always present (``filters`` even when empty),
 the optional ones are left out when empty, never sent as nil. ``sample_rate`` is
-ours; a Dynamo reader ignores it.
+ours; a Dynamo reader ignores it. So is ``prompt_index``, present only in the
+records of a batch completions request (one record per prompt, all with the
+request's id): a record is identified by ``(request_id, prompt_index)``.
 """
 
 from __future__ import annotations
@@ -40,12 +42,14 @@ def build_envelope(
     sample_rate: float,
     request: Mapping[str, Any],
     response: Mapping[str, Any] | None,
+    prompt_index: int | None = None,
 ) -> dict[str, Any]:
     """The envelope as a map ready for ``wire.encode_envelope``.
 
     ``request`` is the projected preprocessed request (``FilterSet.project``); it
     is referenced, not copied, so taps sharing a projection share one dict.
-    ``response`` is present only for ``request_response`` taps.
+    ``response`` is present only for ``request_response`` taps;
+    ``prompt_index`` only for the records of a batch's prompts.
     """
     if origin not in ORIGINS:
         msg = f"'origin' must be one of {sorted(ORIGINS)} (got {origin!r})"
@@ -66,12 +70,18 @@ def build_envelope(
     }
     if response is not None:
         envelope["response"] = response
+    if prompt_index is not None:
+        envelope["prompt_index"] = prompt_index
     return envelope
 
 
 def missing_fields(envelope: Mapping[str, Any]) -> list[str]:
     """Required fields an envelope lacks (empty when it is whole)."""
     return [name for name in REQUIRED_FIELDS if name not in envelope]
+
+
+def _index(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 def check_envelope(envelope: Any) -> str | None:
@@ -93,6 +103,7 @@ def check_envelope(envelope: Any) -> str | None:
         or not isinstance(request.get("token_ids"), list)
         or (response is not None and not isinstance(response, dict))
         or (response is not None and type(response.get("output_tokens", 0)) is not int)
+        or not _index(envelope.get("prompt_index", 0))
     ):
         return "record"
     return None

@@ -20,7 +20,7 @@ NOT_MIRRORED_REASONS: tuple[str, ...] = (
     "missing_messages",  # chat without a non-empty `messages` list, responses without `input`
     "missing_prompt",  # completions without `prompt` (or `prompt_embeds`)
     "invalid_field",  # a field of the wrong type or shape; the frontend rejects it too
-    "batch_prompt",  # completions with several prompts: one engine request each
+    "batch_prompt",  # a guard: batches are split into one request per prompt before this
     "prompt_too_long",  # prompt fills the context; the frontend rejects it
     "template_error",  # the chat template failed (raise_exception included) or is missing
     "tokenizer_error",  # the tokenizer failed

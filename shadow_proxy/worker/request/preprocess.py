@@ -41,7 +41,7 @@ from typing import Any
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.worker.request import options, responses
+from shadow_proxy.worker.request import batch, options, responses
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
     Reject,
@@ -58,15 +58,17 @@ log = logging.getLogger(__name__)
 
 
 class Preprocessor:
-    """Builds the engine's view of chat and completions requests for the loaded models."""
+    """Builds the engine's view of chat, completions and responses requests for the
+    loaded models."""
 
     def __init__(self, models: Mapping[str, LoadedModel]) -> None:
         self._models = dict(models)
 
     def preprocess(
         self, route: Route, body: bytes, arrival_unix_ns: int
-    ) -> PreprocessedRequest | NotMirrored:
-        """The preprocessed request, or why there is none. Never raises."""
+    ) -> PreprocessedRequest | batch.PreprocessedBatch | NotMirrored:
+        """The preprocessed request (one per prompt for batch completions), or
+        why there is none. Never raises."""
         try:
             return self._preprocess(route, body, arrival_unix_ns)
         except Reject as reject:
@@ -77,7 +79,9 @@ class Preprocessor:
             log.error("preprocess failed unexpectedly: %s", type(exc).__name__)
             return NotMirrored("internal_error")
 
-    def _preprocess(self, route: Route, body: bytes, arrival_unix_ns: int) -> PreprocessedRequest:
+    def _preprocess(
+        self, route: Route, body: bytes, arrival_unix_ns: int
+    ) -> PreprocessedRequest | batch.PreprocessedBatch:
         if route not in (Route.CHAT, Route.COMPLETIONS, Route.RESPONSES):
             raise Reject("unsupported_route")
         try:
@@ -98,6 +102,19 @@ class Preprocessor:
             raise Reject("unknown_model")
         if route is Route.RESPONSES:  # rebuilt as the chat request 1.6.1 makes of it
             request = responses.chat_request(request)
+        if route is Route.COMPLETIONS and (many := batch.prompts(request)) is not None:
+            return batch.PreprocessedBatch(
+                tuple(
+                    self._engine_request(route, model, {**request, "prompt": p}, arrival_unix_ns)
+                    for p in many
+                )
+            )
+        return self._engine_request(route, model, request, arrival_unix_ns)
+
+    def _engine_request(
+        self, route: Route, model: LoadedModel, request: dict, arrival_unix_ns: int
+    ) -> PreprocessedRequest:
+        name = request["model"]
         nvext = mapping(request, "nvext") or {}
         chat = route is not Route.COMPLETIONS
 
