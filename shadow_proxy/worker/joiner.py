@@ -69,13 +69,13 @@ class Pending:
     #: system-wide), for offsets the worker itself must take.
     arrival_mono_ns: int = 0
     #: Batch completions: this record's prompt, and (on the first prompt's
-    #: Pending, the one tracked) every prompt's Pending in order.
+    #: Pending, the one tracked) the Pendings of the other prompts, in order.
     prompt_index: int | None = None
     batch: list[Pending] = attrs.field(factory=list)
 
     def parts(self) -> list[Pending]:
-        """The Pending of each record this request yields (itself unless a batch)."""
-        return self.batch or [self]
+        """The Pending of each record this request yields, in prompt order."""
+        return [self, *self.batch]
 
 
 class Joiner:
@@ -158,8 +158,7 @@ class Joiner:
             for index, one in enumerate(pre.requests if many else (pre,))
         ]
         pending = parts[0]
-        if many:
-            pending.batch = parts
+        pending.batch = parts[1:]
         for part in parts:
             for tap in self.taps:
                 if not self.takes(tap, part):
