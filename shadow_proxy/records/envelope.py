@@ -75,6 +75,17 @@ def build_envelope(
     return envelope
 
 
+def record_id(envelope: Mapping[str, Any]) -> str:
+    """The id that names one record's engine request: ``request_id``, or for a
+    prompt of a batch ``{request_id}-{prompt_index}`` (the id Dynamo gives that
+    prompt's engine request and trace row). Unique per request, unlike
+    ``request_id`` alone."""
+    request_id = envelope.get("request_id")
+    request_id = request_id if isinstance(request_id, str) else ""
+    index = envelope.get("prompt_index")
+    return request_id if index is None else f"{request_id}-{index}"
+
+
 def missing_fields(envelope: Mapping[str, Any]) -> list[str]:
     """Required fields an envelope lacks (empty when it is whole)."""
     return [name for name in REQUIRED_FIELDS if name not in envelope]
