@@ -438,10 +438,10 @@ class TestCompletions:
         expected = loaded["deepseek"].tokenizer.encode("abc def", add_special_tokens=False)
         assert result.token_ids == expected
 
-    @pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]]])
-    def test_batches_are_not_mirrored(self, preprocessor, prompt):
-        request = {"model": "chatml", "prompt": prompt}
-        assert run(preprocessor, Route.COMPLETIONS, request) == NotMirrored("batch_prompt")
+    def test_batches_are_one_request_per_prompt(self, preprocessor):
+        # (issue 16; the batch rules are tested in tests/unit/worker/request/test_batch.py)
+        result = run(preprocessor, Route.COMPLETIONS, {"model": "chatml", "prompt": [[1], [2]]})
+        assert [r.token_ids for r in result.requests] == [[1], [2]]
 
     def test_prompt_filling_the_context_is_mirrored(self, preprocessor):
         # The frontend decides (a 400, or served): the record shows which.

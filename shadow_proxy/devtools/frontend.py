@@ -1,8 +1,8 @@
 """A built-in OpenAI-compatible frontend for the demo, the tests and the benchmarks.
 
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming SSE and
-unary), ``/v1/models`` and ``/health`` like a real frontend would, without a
-model:
+unary), ``/v1/responses`` (``frontend_responses.py``), ``/v1/models`` and
+``/health`` like a real frontend would, without a model:
 
 - ``usage.prompt_tokens`` is exact: chat messages are rendered with the model's
   own chat template (generation prompt added) and the text is encoded without
@@ -776,6 +776,10 @@ def make_app(
     app.cleanup_ctx.append(shutdown_pool)
     app.router.add_post("/v1/chat/completions", handlers.chat)
     app.router.add_post("/v1/completions", handlers.completions)
+    # Imported here: frontend_responses builds on this module.
+    from shadow_proxy.devtools.frontend_responses import ResponsesHandler
+
+    app.router.add_post("/v1/responses", ResponsesHandler(handlers).handle)
     app.router.add_get("/v1/models", handlers.list_models)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/mock/stats", handlers.get_stats)

@@ -42,7 +42,7 @@ from typing import Any
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.worker.request import identity, options
+from shadow_proxy.worker.request import batch, identity, options, responses
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
     Reject,
@@ -78,7 +78,8 @@ _REJECTED_FIELDS = ("agent_context", "session_id", "conversation_id", "safety_id
 
 
 class Preprocessor:
-    """Builds the engine's view of chat and completions requests for the loaded models."""
+    """Builds the engine's view of chat, completions and responses requests for the
+    loaded models."""
 
     def __init__(self, models: Mapping[str, LoadedModel]) -> None:
         self._models = dict(models)
@@ -89,8 +90,9 @@ class Preprocessor:
         body: bytes,
         arrival_unix_ns: int,
         headers: Sequence[tuple[str, str]] = (),
-    ) -> PreprocessedRequest | NotMirrored:
-        """The preprocessed request, or why there is none. Never raises.
+    ) -> PreprocessedRequest | batch.PreprocessedBatch | NotMirrored:
+        """The preprocessed request (one per prompt for batch completions), or
+        why there is none. Never raises.
 
         ``headers``: the allow-listed request headers (``channel.headers``),
         which fill ``agent_context``, ``image_cache_scope``, routing overrides
@@ -107,8 +109,8 @@ class Preprocessor:
 
     def _preprocess(
         self, route: Route, body: bytes, arrival_unix_ns: int, headers: Headers
-    ) -> PreprocessedRequest:
-        if route not in (Route.CHAT, Route.COMPLETIONS):
+    ) -> PreprocessedRequest | batch.PreprocessedBatch:
+        if route not in (Route.CHAT, Route.COMPLETIONS, Route.RESPONSES):
             raise Reject("unsupported_route")
         try:
             text = body.decode("utf-8")
@@ -128,12 +130,34 @@ class Preprocessor:
         model = self._models.get(name)
         if model is None:
             raise Reject("unknown_model")
+        if route is Route.RESPONSES:  # rebuilt as the chat request 1.6.1 makes of it
+            request = responses.chat_request(request)
+        if route is Route.COMPLETIONS and (many := batch.prompts(request)) is not None:
+            return batch.PreprocessedBatch(
+                tuple(
+                    self._engine_request(
+                        route, model, {**request, "prompt": p}, arrival_unix_ns, headers
+                    )
+                    for p in many
+                )
+            )
+        return self._engine_request(route, model, request, arrival_unix_ns, headers)
+
+    def _engine_request(
+        self,
+        route: Route,
+        model: LoadedModel,
+        request: dict,
+        arrival_unix_ns: int,
+        headers: Headers,
+    ) -> PreprocessedRequest:
+        name = request["model"]
         nvext = mapping(request, "nvext") or {}
         options.check_nvext(nvext)
         if any(key in request for key in _REJECTED_FIELDS):
             raise Reject("invalid_field")
         nvext = options.with_header_overrides(nvext, identity.routing_overrides(headers))
-        chat = route is Route.CHAT
+        chat = route is not Route.COMPLETIONS
 
         multi_modal_data: dict[str, Any] = {}
         if chat:

@@ -83,7 +83,8 @@ class ObservedResponse:
 
         Per choice, the ids are the frontend's where it returned them
         (``token_ids_source: upstream``), else ``encode(text)`` (``retokenized``).
-        ``output_tokens``: with ``usage.completion_tokens`` in the response, the
+        ``output_tokens``: with ``usage.completion_tokens`` (Responses:
+        ``usage.output_tokens``) in the response, the
         usage total is apportioned over the choices in proportion to each
         choice's own count (largest remainder, ties to the lower index), so with
         one choice it is exactly the usage figure and with several the sum
@@ -93,7 +94,8 @@ class ObservedResponse:
         A failing ``encode`` is caught: the counts fall back to content chunks,
         ``retokenize_error`` says why, and no token ids are given.
         """
-        completion = (self.usage or {}).get("completion_tokens")
+        usage = self.usage or {}
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         has_usage = isinstance(completion, int) and not isinstance(completion, bool)
         has_usage = has_usage and completion >= 0
         ids: list[Sequence[int] | None] = []
