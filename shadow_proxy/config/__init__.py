@@ -8,6 +8,7 @@ from shadow_proxy.config.reader import ConfigError
 from shadow_proxy.config.schema import Config
 from shadow_proxy.config.values import (
     MIB,
+    CurveKeys,
     Listen,
     ModelEntry,
     Publish,
@@ -21,6 +22,7 @@ __all__ = [
     "MIB",
     "Config",
     "ConfigError",
+    "CurveKeys",
     "Listen",
     "ModelEntry",
     "Publish",
