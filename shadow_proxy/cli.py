@@ -40,39 +40,18 @@ def load_config(path: str | None) -> Config:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the proxy until SIGTERM or SIGINT; in-flight streams get the grace period."""
-    import uvloop
-    from aiohttp import web
-
-    from shadow_proxy.serving.app import make_app
-
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(f"shadow-proxy: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    app = make_app(config)
-    log.info(
-        "serving on %s:%d, forwarding to %s, %d tap(s)",
-        config.listen.host,
-        config.listen.port,
-        config.upstream.url,
-        len(config.taps),
-    )
+    from shadow_proxy.serving.server import run
     from shadow_proxy.serving.supervisor import StartupError
 
     try:
-        web.run_app(
-            app,
-            host=config.listen.host,
-            port=config.listen.port,
-            shutdown_timeout=config.shutdown_grace_s,
-            handler_cancellation=True,
-            access_log=None,
-            print=None,
-            loop=uvloop.new_event_loop(),
-        )
+        run(config)
     except StartupError as e:
-        print(f"shadow-proxy: {config.path}: {e}", file=sys.stderr)
+        print(f"shadow-proxy: {e}", file=sys.stderr)
         return EXIT_CONFIG
     log.info("stopped")
     return 0

@@ -94,7 +94,7 @@ def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> we
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_get("/shadow/taps", taps_endpoint)
-    app.router.add_route("*", "/{tail:.*}", forward)
+    app.router.add_route("*", "/{tail:.*}", forward, expect_handler=expect_continue)
     return app
 
 
@@ -109,6 +109,8 @@ async def _session_ctx(app: web.Application):
         max_request_bytes=config.upstream.max_request_bytes,
         metrics=app[METRICS],
         handoff=app[TAPS].handoff if TAPS in app else None,
+        body_timeout_s=config.listen.body_timeout_s,
+        not_mirrored=app[TAPS].relay.not_mirrored if TAPS in app else None,
     )
     app[READY] = {"at": -READY_CACHE_S}
     yield
@@ -135,15 +137,36 @@ async def _loop_lag_ctx(app: web.Application):
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    """Runs when the server stops accepting: in-flight streams that are still
-    cancelled after the grace period end with ``EndKind.SHUTDOWN``."""
+    """Runs when the server has stopped accepting: in-flight streams get
+    ``shutdown_grace_s`` once, then are cut (their records end as
+    ``shutdown``); the cleanup contexts (the taps' drain) run after this."""
     handler = app.get(HANDLER)
     if handler is not None:
-        handler.shutting_down = True
+        await handler.stop(app[CONFIG].shutdown_grace_s)
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
     return await request.app[HANDLER](request)
+
+
+async def expect_continue(request: web.Request) -> None:
+    """``Expect: 100-continue``: the proxy answers it and does not forward it.
+
+    It sends ``100 Continue`` as the handler starts reading the body, unless
+    the announced body is over ``max_request_bytes``: then the handler answers
+    413 at once and the client never sends the body. Other expectations: 417,
+    as aiohttp does.
+    """
+    if request.version != aiohttp.HttpVersion11:
+        return
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text="only 100-continue is supported")
+    if (request.content_length or 0) > request.app[CONFIG].upstream.max_request_bytes:
+        return
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    # As aiohttp's own expect handler: the body of the response has not started.
+    request.writer.output_size = 0
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -27,8 +27,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-#: Request fields the proxy sets itself when forwarding.
-_REQUEST_OWN = frozenset({"host", "content-length"})
+#: Request fields the proxy handles itself: ``Host`` and ``Content-Length`` are
+#: set for the upstream connection; ``Expect: 100-continue`` is answered by the
+#: proxy (it reads the whole body before forwarding), so forwarding it would
+#: make a frontend that sends its own 100 wait for nothing.
+_REQUEST_OWN = frozenset({"host", "content-length", "expect"})
 
 
 def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
@@ -55,8 +58,9 @@ def upstream_request_headers(
 ) -> CIMultiDict[str]:
     """The client's headers as the frontend should get them.
 
-    Hop-by-hop fields and ``Host``/``Content-Length`` (set for the upstream
-    connection) go; the request id is set; ``X-Forwarded-For`` gains the peer.
+    Hop-by-hop fields, ``Host``/``Content-Length`` (set for the upstream
+    connection) and ``Expect`` (answered by the proxy) go; the request id is
+    set; ``X-Forwarded-For`` gains the peer.
     """
     out = _end_to_end(headers, _REQUEST_OWN)
     out[request_id_header] = request_id

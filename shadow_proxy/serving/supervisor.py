@@ -46,7 +46,8 @@ WORKER_MAIN = ("shadow_proxy.worker.main", "run")
 
 
 class StartupError(RuntimeError):
-    """The taps cannot start (a tokenizer, a socket); the message says why."""
+    """The proxy cannot start (the listening socket, a tokenizer, a tap socket);
+    the message starts with the file (and line and key where known) and says why."""
 
 
 class Taps:
@@ -109,7 +110,7 @@ class Taps:
                         raise StartupError(message.message)
         except TimeoutError as e:
             process.kill()
-            msg = f"the tap worker was not ready within {READY_TIMEOUT_S:.0f}s"
+            msg = f"{self.config.path}: the tap worker was not ready within {READY_TIMEOUT_S:.0f}s"
             raise StartupError(msg) from e
         except BaseException:
             if process.is_alive():
@@ -123,7 +124,8 @@ class Taps:
             if await self.control.poll(100):
                 return control.decode(await self.control.recv())
             if self.process is not None and not self.process.is_alive():
-                msg = f"the tap worker exited with status {self.process.exitcode} while starting"
+                code = self.process.exitcode
+                msg = f"{self.config.path}: the tap worker exited with status {code} while starting"
                 raise StartupError(msg)
 
     async def watch(self) -> None:

@@ -54,7 +54,16 @@ class Publishing:
 
     def __init__(self, joiner: Joiner, context: zmq.Context):
         self.joiner = joiner
-        self.publishers = [Publisher(context, tap.queue) for tap in joiner.taps]
+        self.publishers: list[Publisher] = []
+        for tap in joiner.taps:
+            try:
+                self.publishers.append(Publisher(context, tap.queue))
+            except zmq.ZMQError as e:
+                self.close()
+                name, endpoint = tap.config.name, tap.config.endpoint
+                where = joiner.config.where(f"taps[{name}].endpoint")
+                msg = f"{where}: tap '{name}' cannot bind {endpoint} ({e.strerror})"
+                raise TapSocketError(msg) from e
 
     def pump(self) -> bool:
         """Send what the queues hold; True when records are still waiting."""
@@ -109,11 +118,19 @@ class Publishing:
         return listing
 
 
+class TapSocketError(OSError):
+    """A tap's socket cannot be bound; the message names the key's line."""
+
+
 def _load_models(config: Config) -> dict[str, LoadedModel]:
-    return {
-        entry.name: load_model(entry.name, entry.tokenizer, entry.context_length)
-        for entry in config.models
-    }
+    models = {}
+    for index, entry in enumerate(config.models):
+        try:
+            models[entry.name] = load_model(entry.name, entry.tokenizer, entry.context_length)
+        except ModelLoadError as e:
+            msg = f"{config.where(f'models[{index}].tokenizer')}: {e}"
+            raise ModelLoadError(msg) from e
+    return models
 
 
 def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
@@ -141,9 +158,8 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
     try:
         joiner = Joiner(config, _load_models(config))
         publishing = Publishing(joiner, context)
-    except (ModelLoadError, zmq.ZMQError, OSError) as e:
-        message = str(e) if isinstance(e, ModelLoadError) else f"tap socket: {e}"
-        say(control.Failed(message))
+    except (ModelLoadError, TapSocketError) as e:
+        say(control.Failed(str(e)))
         control_socket.close(linger=1000)
         context.term()
         return 1

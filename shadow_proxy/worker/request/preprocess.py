@@ -42,6 +42,7 @@ from typing import Any
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.request import options
+from shadow_proxy.worker.request.body import decode_body
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
     Reject,
@@ -60,14 +61,22 @@ log = logging.getLogger(__name__)
 class Preprocessor:
     """Builds the engine's view of chat and completions requests for the loaded models."""
 
-    def __init__(self, models: Mapping[str, LoadedModel]) -> None:
+    def __init__(
+        self, models: Mapping[str, LoadedModel], max_body_bytes: int = 64 * 1024 * 1024
+    ) -> None:
         self._models = dict(models)
+        #: Bound on a decoded (decompressed) body: ``upstream.max_request_bytes``.
+        self.max_body_bytes = max_body_bytes
 
     def preprocess(
-        self, route: Route, body: bytes, arrival_unix_ns: int
+        self, route: Route, body: bytes, arrival_unix_ns: int, content_encoding: str = ""
     ) -> PreprocessedRequest | NotMirrored:
-        """The preprocessed request, or why there is none. Never raises."""
+        """The preprocessed request, or why there is none. Never raises.
+
+        ``body`` is as the client sent it; ``content_encoding`` its header."""
         try:
+            if content_encoding:
+                body = decode_body(body, content_encoding, self.max_body_bytes)
             return self._preprocess(route, body, arrival_unix_ns)
         except Reject as reject:
             return NotMirrored(reject.reason)
