@@ -78,7 +78,9 @@ def client_session(config: Config) -> aiohttp.ClientSession:
 def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> web.Application:
     registry = registry if registry is not None else CollectorRegistry()
     metrics = ProxyMetrics.create(registry)
-    app = web.Application(client_max_size=config.upstream.max_request_bytes)
+    app = web.Application(
+        client_max_size=config.upstream.max_request_bytes, middlewares=[_pathless_target]
+    )
     app[CONFIG] = config
     app[REGISTRY] = registry
     app[METRICS] = metrics
@@ -94,7 +96,8 @@ def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> we
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_get("/shadow/taps", taps_endpoint)
-    app.router.add_route("*", "/{tail:.*}", forward, expect_handler=expect_continue)
+    # Any path, newlines (%0A) included: the frontend decides what it serves.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", forward, expect_handler=expect_continue)
     return app
 
 
@@ -147,6 +150,16 @@ async def _on_shutdown(app: web.Application) -> None:
 
 async def forward(request: web.Request) -> web.StreamResponse:
     return await request.app[HANDLER](request)
+
+
+@web.middleware
+async def _pathless_target(request: web.Request, handler) -> web.StreamResponse:
+    """An absolute-form target without a path (``GET http://host?q``) matches
+    no route in aiohttp's router (its path is empty); it is forwarded as the
+    frontend's ``/`` like any other target."""
+    if request.match_info.http_exception is not None and not request.rel_url.path_safe:
+        return await forward(request)
+    return await handler(request)
 
 
 async def expect_continue(request: web.Request) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import multiprocessing
 import os
@@ -31,6 +30,8 @@ from prometheus_client.core import Metric
 from shadow_proxy.channel import control
 from shadow_proxy.config import Config
 from shadow_proxy.serving.handoff import Handoff
+from shadow_proxy.serving.lifeline import worker_entry
+from shadow_proxy.serving.logs import RateLimited
 from shadow_proxy.serving.metrics import ProxyMetrics, WorkerMetricsRelay
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,9 @@ READY_TIMEOUT_S = 120.0
 #: How long the worker may take to drain and exit before it is killed.
 STOP_TIMEOUT_S = control.DRAIN_S + 5.0
 LIVENESS_S = 0.5
+#: Tap drops are logged at most this often per tap, with the count since the
+#: last line (the per-second counters are on /metrics).
+DROP_LOG_INTERVAL_S = 60.0
 #: The worker process's main, named by its import path: the serving process
 #: never imports the worker side (tokenizers, templates); the spawned child does.
 WORKER_MAIN = ("shadow_proxy.worker.main", "run")
@@ -85,6 +89,10 @@ class Taps:
             for t in config.taps
         ]
         self.stopping = False
+        #: Per tap and reason: dropped at the last snapshot, and since the last log line.
+        self._dropped_seen: dict[str, dict[str, int]] = {}
+        self._dropped_unlogged: dict[str, dict[str, int]] = {}
+        self._drop_log = RateLimited(log, burst=1, interval_s=DROP_LOG_INTERVAL_S)
 
     def listing(self) -> list[dict]:
         return self._listing
@@ -92,8 +100,15 @@ class Taps:
     async def start_worker(self) -> None:
         spawn = multiprocessing.get_context("spawn")
         process = spawn.Process(
-            target=_worker_entry,
-            args=(WORKER_MAIN, self.config, self.handoff_endpoint, self.control_endpoint),
+            # A child never outlives its parent (serving/lifeline.py).
+            target=worker_entry,
+            args=(
+                WORKER_MAIN,
+                os.getpid(),
+                self.config,
+                self.handoff_endpoint,
+                self.control_endpoint,
+            ),
             name="shadow-proxy-tap-worker",
             daemon=True,
         )
@@ -161,6 +176,30 @@ class Taps:
             families.append(family)
         self.relay.update(families)
         self._listing = message.taps
+        self._log_drops(message.taps)
+
+    def _log_drops(self, listing: list[dict]) -> None:
+        """A line when a tap drops records: at once, then at most once per
+        ``DROP_LOG_INTERVAL_S`` while the drops go on, with how many and why
+        since the last line (reasons come from a fixed vocabulary)."""
+        for tap in listing:
+            name, dropped = tap.get("name"), tap.get("dropped") or {}
+            last = self._dropped_seen.get(name, {})
+            self._dropped_seen[name] = dict(dropped)
+            unlogged = self._dropped_unlogged.setdefault(name, {})
+            for reason, n in dropped.items():
+                # A restarted worker counts from zero: then all of n is new.
+                new = n - last.get(reason, 0) if n >= last.get(reason, 0) else n
+                if new > 0:
+                    unlogged[reason] = unlogged.get(reason, 0) + new
+            if not unlogged or self._drop_log.allow(name) is None:
+                continue
+            reasons = ", ".join(f"{r}={n}" for r, n in sorted(unlogged.items()))
+            log.warning(
+                "tap %s dropped %d record(s) since the last line (%s); see "
+                "shadow_tap_dropped_total", name, sum(unlogged.values()), reasons,
+            )  # fmt: skip
+            unlogged.clear()
 
     async def stop(self) -> None:
         """Stop the worker after the serving loop has sent its last message."""
@@ -181,12 +220,6 @@ class Taps:
         self.control.close(linger=0)
         self.context.term()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _worker_entry(main: tuple[str, str], *args: object) -> None:
-    """Runs in the spawned child: import the worker's main by name and run it."""
-    module, function = main
-    raise SystemExit(getattr(importlib.import_module(module), function)(*args))
 
 
 #: The app's taps (set only when the configuration has taps).
