@@ -58,6 +58,9 @@ KEEPALIVE_S = 75.0
 #: a backstop only (every exchange has ended or been cancelled by then).
 SERVER_SHUTDOWN_S = 1.0
 BACKLOG = 1024
+#: Descriptors besides client and upstream connections (sockets of the taps'
+#: hand-off, logs, the listening socket, libraries).
+FD_MARGIN = 64
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -246,10 +249,6 @@ async def serve(config: Config) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     before, after = raise_fd_limit()
-    if after != before:
-        log.info("open files: soft limit raised from %d to the hard limit %d", before, after)
-    else:
-        log.info("open files: limit %d", after)
     async with running(config):
         log.info(
             "serving on %s:%d, forwarding to %s, %d tap(s)",
@@ -258,6 +257,17 @@ async def serve(config: Config) -> None:
             config.upstream.url,
             len(config.taps),
         )
+        if after != before:
+            log.info("open files: soft limit raised from %d to the hard limit %d", before, after)
+        else:
+            log.info("open files: limit %d (the hard limit)", after)
+        needed = config.listen.max_connections + config.upstream.max_connections + FD_MARGIN
+        if needed > after:
+            log.warning(
+                "open files: the limit %d is below listen.max_connections + "
+                "upstream.max_connections + %d (%d): clients may be refused by the "
+                "system before the proxy's cap", after, FD_MARGIN, needed,
+            )  # fmt: skip
         await stop.wait()
         log.info("stopping: in-flight streams get %.1fs", config.shutdown_grace_s)
 

@@ -62,7 +62,7 @@ class Publishing:
                 self.close()
                 name, endpoint = tap.config.name, tap.config.endpoint
                 where = joiner.config.where(f"taps[{name}].endpoint")
-                msg = f"{where}: tap '{name}' cannot bind {endpoint} ({e.strerror})"
+                msg = f"{where}: tap '{name}' cannot bind {endpoint} ({zmq.strerror(e.errno)})"
                 raise TapSocketError(msg) from e
 
     def pump(self) -> bool:
