@@ -122,19 +122,13 @@ def _peer(record: logging.LogRecord) -> str:
 class ClientErrorFilter(logging.Filter):
     """Rewrites the HTTP server's error records to kind and peer; rate-limits them.
 
-    ``on_error(kind)`` is called for every record (before rate limiting), to
-    count it in a metric.
+    (Counting is not done here: a record below the log level is never made.
+    ``serving/server.py`` counts every rejected request in the connection
+    handler.)
     """
 
-    def __init__(
-        self,
-        on_error: Callable[[str], None] | None = None,
-        *,
-        burst: int = 5,
-        interval_s: float = 60.0,
-    ):
+    def __init__(self, *, burst: int = 5, interval_s: float = 60.0):
         super().__init__()
-        self.on_error = on_error
         self.limiter = RateLimited(logging.getLogger(__name__), burst=burst, interval_s=interval_s)
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -143,8 +137,6 @@ class ClientErrorFilter(logging.Filter):
             # aiohttp's own fixed texts (lingering close, premature disconnection).
             return True
         kind = error_kind(exc)
-        if self.on_error is not None:
-            self.on_error(kind)
         peer = _peer(record)
         # Nothing of the original record survives but its level and logger.
         record.exc_info = None
@@ -167,11 +159,9 @@ class ClientErrorFilter(logging.Filter):
         return True
 
 
-def guard_server_logging(
-    logger: logging.Logger, on_error: Callable[[str], None] | None = None
-) -> ClientErrorFilter:
+def guard_server_logging(logger: logging.Logger) -> ClientErrorFilter:
     """Install one ``ClientErrorFilter`` on ``logger`` and on ``aiohttp.server``."""
-    guard = ClientErrorFilter(on_error)
+    guard = ClientErrorFilter()
     for target in (logger, logging.getLogger("aiohttp.server")):
         for old in [f for f in target.filters if isinstance(f, ClientErrorFilter)]:
             target.removeFilter(old)

@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
 from shadow_proxy.exchange import EndKind, Route, classify
@@ -190,8 +191,9 @@ class ProxyHandler:
             return self._too_large(request_id, route)
         except TimeoutError:
             return self._body_timeout(request_id, route)
-        except web.RequestPayloadError as e:
-            # A malformed body (chunked framing): its text quotes client bytes.
+        except (web.RequestPayloadError, HttpProcessingError) as e:
+            # A malformed body (chunked framing; aiohttp's C parser wraps the
+            # error, its Python parser does not): the text quotes client bytes.
             self.metrics.rejected_requests.labels("bad_body").inc()
             self.oplog.log(
                 "bad_body", logging.WARNING,

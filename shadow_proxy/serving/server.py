@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 
 from shadow_proxy.config import Config
 from shadow_proxy.serving.app import METRICS, make_app
-from shadow_proxy.serving.logs import RateLimited, guard_server_logging
+from shadow_proxy.serving.logs import RateLimited, error_kind, guard_server_logging
 from shadow_proxy.serving.metrics import ProxyMetrics
 from shadow_proxy.serving.supervisor import StartupError
 
@@ -127,13 +127,22 @@ class ConnectionCap:
 
 
 class _CountedHandler(RequestHandler):
-    """aiohttp's connection handler, releasing its place in the cap when lost."""
+    """aiohttp's connection handler, releasing its place in the cap when lost
+    and counting the requests its parser rejects (by kind, at any log level)."""
 
-    __slots__ = ("_cap",)
+    __slots__ = ("_cap", "_rejected")
 
     def __init__(self, cap: ConnectionCap, manager: web.Server, **settings):
         super().__init__(manager, **settings)
         self._cap: ConnectionCap | None = cap
+        self._rejected = cap.metrics.rejected_requests
+
+    def handle_error(self, request, status=500, exc=None, message=None):
+        """aiohttp's error answer (400 for what its parser rejects, 500 for a
+        bug), counted by kind first."""
+        if exc is not None:
+            self._rejected.labels(error_kind(exc)).inc()
+        return super().handle_error(request, status, exc, message)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._cap is not None:
@@ -223,7 +232,7 @@ async def running(
     try:
         app = make_app(config, registry=registry)
         metrics = app[METRICS]
-        guard_server_logging(server_log, lambda kind: metrics.rejected_requests.labels(kind).inc())
+        guard_server_logging(server_log)
         settings = handler_settings()
         runner = web.AppRunner(
             app, handler_cancellation=True, shutdown_timeout=SERVER_SHUTDOWN_S, **settings

@@ -33,10 +33,14 @@ OK_RESPONSE = (
 )
 
 
-def config_text(port: int, upstream: str, extra: str = "", *, grace: float = 5) -> str:
+def config_text(
+    port: int, upstream: str, extra: str = "", *, grace: float = 5, listen: str = ""
+) -> str:
+    """A config file's text; ``listen`` adds keys to the listen mapping."""
+    listen = f", {listen}" if listen else ""
     return (
         "schema_version: 1\n"
-        f"listen: {{host: 127.0.0.1, port: {port}}}\n"
+        f"listen: {{host: 127.0.0.1, port: {port}{listen}}}\n"
         f"upstream: {{url: '{upstream}'}}\n"
         f"shutdown_grace_s: {grace}\n" + extra
     )
@@ -45,7 +49,16 @@ def config_text(port: int, upstream: str, extra: str = "", *, grace: float = 5) 
 class Proxy:
     """``shadow-proxy serve`` in a child process (stderr to ``log_path``)."""
 
-    def __init__(self, tmp_path: Path, text: str, *, log_level: str = "info", name: str = "proxy"):
+    def __init__(
+        self,
+        tmp_path: Path,
+        text: str,
+        *,
+        log_level: str = "info",
+        name: str = "proxy",
+        env: dict[str, str] | None = None,
+    ):
+        self.env = {**os.environ, **(env or {})}
         self.config_path = tmp_path / f"{name}.yaml"
         self.config_path.write_text(text)
         self.log_path = tmp_path / f"{name}.log"
@@ -62,6 +75,7 @@ class Proxy:
                  "serve", "--config", str(self.config_path)],
                 stdout=subprocess.DEVNULL,
                 stderr=log,
+                env=self.env,
             )  # fmt: skip
         return self
 
