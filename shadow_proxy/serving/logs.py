@@ -62,8 +62,7 @@ class RateLimited:
             return left_out
         if state[0] < self.burst:
             state[0] += 1
-            left_out, state[2] = state[2], 0
-            return left_out
+            return 0
         state[2] += 1
         return None
 
