@@ -167,12 +167,32 @@ _REFUSAL = (
 )
 
 
+#: How long a refused connection stays open for its client to read the 503
+#: (closing at once with the request unread resets the connection, and the
+#: client may see the reset instead of the answer).
+REFUSED_LINGER_S = 0.5
+
+
 class _Refused(asyncio.Protocol):
-    """A connection past the cap: one 503, then closed, nothing read."""
+    """A connection past the cap: one 503, the write side shut, what the client
+    sends discarded, closed when it closes or after ``REFUSED_LINGER_S``."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
         transport.write(_REFUSAL)  # type: ignore[attr-defined]
-        transport.close()
+        if transport.can_write_eof():  # type: ignore[attr-defined]
+            transport.write_eof()  # type: ignore[attr-defined]
+        self.timer = asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        pass
+
+    def eof_received(self) -> bool:
+        self.transport.close()
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.timer.cancel()
 
 
 class CappedSite(web.SockSite):
