@@ -217,8 +217,10 @@ class Received:
 class RawFrontend:
     """A frontend on a raw socket: records each request's bytes, answers ``response``."""
 
-    def __init__(self, response: bytes = OK_RESPONSE):
+    def __init__(self, response: bytes = OK_RESPONSE, *, close_after: bool = False):
         self.response = response
+        #: Close the connection after each response (a frontend that breaks).
+        self.close_after = close_after
         self.requests: list[Received] = []
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -250,6 +252,8 @@ class RawFrontend:
                 self.requests.append(received)
                 writer.write(self.response)
                 await writer.drain()
+                if self.close_after:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
