@@ -210,8 +210,11 @@ class TapSource(RecordSource):
         *,
         rcvhwm: int = 100_000,
         max_message_bytes: int = 256 * 2**20,
+        curve: tuple[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``curve``: (the tap's public key file, this consumer's key pair file)
+        for a tap with CURVE (``zmq.auth.create_certificates`` files)."""
         super().__init__(**kwargs)
         import zmq
         import zmq.asyncio
@@ -227,6 +230,8 @@ class TapSource(RecordSource):
         socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         socket.setsockopt(zmq.SUBSCRIBE, self._topic)
         socket.setsockopt(zmq.SUBSCRIBE, self._heartbeat_topic)
+        if curve is not None:
+            _curve_client(socket, *curve)
         for endpoint in self.endpoints:
             socket.connect(endpoint)
         self._socket = socket
@@ -261,6 +266,27 @@ class TapSource(RecordSource):
             self._context.term()
 
 
+def _curve_client(socket: Any, server_key: str, client_key: str) -> None:
+    """Make ``socket`` a CURVE client of the tap whose public key is in
+    ``server_key``, with the key pair in ``client_key``; ``SourceError`` when a
+    file cannot be used."""
+    import zmq
+    import zmq.auth
+
+    try:
+        server_public, _ = zmq.auth.load_certificate(server_key)
+        public, secret = zmq.auth.load_certificate(client_key)
+    except (OSError, ValueError) as e:
+        msg = f"CURVE key file: {e}"
+        raise SourceError(msg) from e
+    if not secret:
+        msg = f"--curve-client-key {client_key} holds no secret-key (use the .key_secret file)"
+        raise SourceError(msg)
+    socket.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+    socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True) -> None:
     """The source arguments every tool takes (SPEC section 8)."""
     group = parser.add_argument_group("record source (one of)")
@@ -280,6 +306,17 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
     group.add_argument("--nats", metavar="URL", action="append", help="JetStream server(s)")
     group.add_argument("--stream", default="SHADOW", help="JetStream stream [SHADOW]")
     group.add_argument("--durable", help="JetStream durable consumer name (shared = split)")
+    group.add_argument(
+        "--curve-server-key",
+        metavar="FILE",
+        help="live tap with CURVE: the tap's public key file (e.g. server.key)",
+    )
+    group.add_argument(
+        "--curve-client-key",
+        metavar="FILE",
+        help="live tap with CURVE: this consumer's key pair file (e.g. client.key_secret), "
+        "whose public key the tap's client_keys list",
+    )
 
 
 def open_source(
@@ -323,4 +360,10 @@ def open_source(
     if not topic or not endpoints:
         msg = "a live tap needs --topic and --endpoint, or --discover URL --tap NAME"
         raise SourceError(msg)
-    return TapSource(endpoints, topic, dedup=dedup, heartbeats=heartbeats)
+    server_key = getattr(args, "curve_server_key", None)
+    client_key = getattr(args, "curve_client_key", None)
+    if bool(server_key) != bool(client_key):
+        msg = "CURVE needs both --curve-server-key and --curve-client-key"
+        raise SourceError(msg)
+    curve = (server_key, client_key) if server_key else None
+    return TapSource(endpoints, topic, dedup=dedup, heartbeats=heartbeats, curve=curve)

@@ -84,6 +84,7 @@ class Taps:
                 "topic": t.topic,
                 "endpoint": t.endpoint,
                 "capture": t.capture,
+                "curve": t.curve is not None,
                 "filters": list(t.filters.names),
             }
             for t in config.taps
@@ -222,6 +223,25 @@ class Taps:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+#: Hosts that mean "every interface" in a tap endpoint.
+ALL_INTERFACES = frozenset({"0.0.0.0", "*", "::", "[::]"})
+
+
+def warn_open_taps(config: Config) -> None:
+    """A warning per tap bound on every interface without CURVE: records hold
+    the prompts (token ids decode back to text) and anyone who reaches the port
+    reads them."""
+    for tap in config.taps:
+        scheme, _, rest = tap.endpoint.partition("://")
+        host = rest.rpartition(":")[0]
+        if scheme == "tcp" and host in ALL_INTERFACES and tap.curve is None:
+            log.warning(
+                "tap %s binds every interface (%s) without CURVE: anyone who can reach "
+                "the port reads the prompts; set taps[].curve, or publish.host: 127.0.0.1",
+                tap.name, tap.endpoint,
+            )  # fmt: skip
+
+
 #: The app's taps (set only when the configuration has taps).
 TAPS = web.AppKey("taps", Taps)
 
@@ -237,6 +257,7 @@ def taps_context(config: Config, metrics: ProxyMetrics, registry: CollectorRegis
     """
 
     async def taps_ctx(app: web.Application):
+        warn_open_taps(config)
         relay = WorkerMetricsRelay()
         registry.register(relay)
         taps = Taps(config, metrics, relay)

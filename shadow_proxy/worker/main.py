@@ -33,6 +33,7 @@ from shadow_proxy.channel import control
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker.publishers import curve
 from shadow_proxy.worker.publishers.zeromq import Publisher
 from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
 
@@ -55,9 +56,12 @@ class Publishing:
     def __init__(self, joiner: Joiner, context: zmq.Context):
         self.joiner = joiner
         self.publishers: list[Publisher] = []
+        keys = curve.load_all(joiner.config)
+        #: ZAP for the CURVE taps, in its own thread (see ``publishers/curve.py``).
+        self.authenticator = curve.start_authenticator(context, keys)
         for tap in joiner.taps:
             try:
-                self.publishers.append(Publisher(context, tap.queue))
+                self.publishers.append(Publisher(context, tap.queue, keys.get(tap.config.name)))
             except zmq.ZMQError as e:
                 self.close()
                 name, endpoint = tap.config.name, tap.config.endpoint
@@ -89,6 +93,9 @@ class Publishing:
     def close(self) -> None:
         for publisher in self.publishers:
             publisher.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
 
     def listing(self) -> list[dict]:
         """What ``/shadow/taps`` shows of each tap."""
@@ -101,6 +108,7 @@ class Publishing:
                     "topic": config.topic,
                     "endpoint": publisher.endpoint,
                     "capture": config.capture,
+                    "curve": config.curve is not None,
                     "filters": list(config.filters.names),
                     "models": list(config.models),
                     "sample": config.sample,
@@ -158,7 +166,7 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
     try:
         joiner = Joiner(config, _load_models(config))
         publishing = Publishing(joiner, context)
-    except (ModelLoadError, TapSocketError) as e:
+    except (ModelLoadError, TapSocketError, curve.CurveKeyError) as e:
         say(control.Failed(str(e)))
         control_socket.close(linger=1000)
         context.term()
