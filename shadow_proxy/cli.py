@@ -18,6 +18,17 @@ log = logging.getLogger("shadow_proxy")
 
 EXIT_CONFIG = 2
 
+DESCRIPTION = (
+    "A reverse-proxy sidecar for OpenAI-compatible LLM frontends: it forwards "
+    "traffic unchanged and publishes each request, as the engine sees it, on taps."
+)
+EPILOG = (
+    "Configuration: --config FILE or $SHADOW_PROXY_CONFIG (config/example.yaml). "
+    "A start-up error (invalid file, port in use, tokenizer missing) exits with "
+    "status 2 and one line naming the file, line and key. "
+    "'shadow-proxy COMMAND --help' describes each command."
+)
+
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
@@ -58,8 +69,12 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shadow-proxy", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default=os.environ.get("SHADOW_PROXY_LOG_LEVEL", "info"))
+    parser = argparse.ArgumentParser(prog="shadow-proxy", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("SHADOW_PROXY_LOG_LEVEL", "info"),
+        help="debug, info, warning or error [$SHADOW_PROXY_LOG_LEVEL or info]",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the proxy")
