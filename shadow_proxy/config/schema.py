@@ -7,6 +7,7 @@ checked, and every error names the file, line, key, expectation and value.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,8 @@ class _SchemaReader(Reader):
         path = Path(value).expanduser()
         if not path.is_absolute() and self.base_dir is not None:
             path = self.base_dir / path
-        return path
+        # ``..`` folded, symlinks kept (a Kubernetes Secret mount is symlinks).
+        return Path(os.path.normpath(path))
 
     def config(self, root: Any) -> Config:
         if not isinstance(root, Mapping):

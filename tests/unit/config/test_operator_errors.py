@@ -117,3 +117,13 @@ class TestWhere:
         assert config.where("models[0].tokenizer") == f"{path}:9: 'models[0].tokenizer'"
         # No endpoint key: the tap's own line.
         assert config.where("taps[a].endpoint") == f"{path}:11: 'taps[a].endpoint'"
+
+
+def test_the_example_file_works_from_any_directory(tmp_path, monkeypatch):
+    """config/example.yaml names the repository's model directory from wherever it is read."""
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(tmp_path)
+    config = Config.from_yaml(ROOT / "config" / "example.yaml")
+    assert config.models[0].tokenizer == str(ROOT / ".models" / "deepseek")
+    assert config.publish.host == "127.0.0.1"
