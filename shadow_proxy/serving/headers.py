@@ -1,4 +1,8 @@
-"""Header handling for a reverse proxy: hop-by-hop filtering and request ids.
+"""The request head as a reverse proxy forwards it: the target, hop-by-hop
+filtering and request ids.
+
+The target is forwarded as the client wrote it (``upstream_target``); an
+absolute-form target by its path and query.
 
 RFC 9110 section 7.6.1: a proxy removes the connection-specific fields
 (``Connection`` and every field it names, ``Proxy-Connection``, ``Keep-Alive``,
@@ -85,3 +89,20 @@ def client_response_headers(
 def new_request_id() -> str:
     """128 random bits as 32 hex digits (uuid4's hex without building a UUID)."""
     return secrets.token_hex(16)
+
+
+def upstream_target(raw_target: str) -> str | None:
+    """The request target to send upstream, as the client wrote it.
+
+    Origin-form (``/path?query``) as it is; absolute-form
+    (``http://host/path?query``, RFC 9112 section 3.2.2) by its path and query,
+    as the frontends' servers read it; anything else (authority-form) None.
+    """
+    if raw_target.startswith("/"):
+        return raw_target
+    scheme, sep, rest = raw_target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return None
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    target = rest[cut:]
+    return target if target.startswith("/") else "/" + target

@@ -50,6 +50,7 @@ from shadow_proxy.serving.headers import (
     client_response_headers,
     new_request_id,
     upstream_request_headers,
+    upstream_target,
 )
 from shadow_proxy.serving.logs import RateLimited
 from shadow_proxy.serving.metrics import ProxyMetrics, status_class
@@ -63,23 +64,6 @@ SLICE_BYTES = 256 * 1024
 #: At shutdown, how long cancelled exchanges get to end (write their end
 #: message, close their upstream connection) after the grace period.
 CANCEL_WAIT_S = 1.0
-
-
-def upstream_target(raw_target: str) -> str | None:
-    """The request target to send upstream, as the client wrote it.
-
-    Origin-form (``/path?query``) as it is; absolute-form
-    (``http://host/path?query``, RFC 9112 section 3.2.2) by its path and query,
-    as the frontends' servers read it; anything else (authority-form) None.
-    """
-    if raw_target.startswith("/"):
-        return raw_target
-    scheme, sep, rest = raw_target.partition("://")
-    if not sep or scheme.lower() not in ("http", "https"):
-        return None
-    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-    target = rest[cut:]
-    return target if target.startswith("/") else "/" + target
 
 
 def error_response(status: int, message: str, kind: str, request_id: str, header: str):
