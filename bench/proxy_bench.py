@@ -912,7 +912,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not MODEL_DIR.joinpath("tokenizer.json").exists():
-        from shadow_proxy import modeldirs
+        from shadow_proxy.devtools import modeldirs
 
         modeldirs.build_all(REPO / ".models")
     regimes = ("quick", "capacity", "isolation", "memory") if args.regime == "all" else (

@@ -16,6 +16,7 @@ import attrs
 import yaml
 
 from shadow_proxy.config import reader as checks
+from shadow_proxy.config.nats import NatsConfig, parse_nats_section, parse_tap_transport
 from shadow_proxy.config.reader import MISSING, ConfigError, Reader, load_yaml, plain
 from shadow_proxy.config.values import (
     MIB,
@@ -42,6 +43,8 @@ class Config:
     publish: Publish = attrs.field(factory=Publish)
     taps: tuple[TapConfig, ...] = ()
     worker: WorkerOptions = attrs.field(factory=WorkerOptions)
+    #: The JetStream connection and stream; set when the file has a ``nats`` section.
+    nats: NatsConfig | None = None
     #: The line of each key read (``listen.port``, ``models[0].tokenizer``,
     #: ``taps[a].endpoint``): for errors found after reading (``where``).
     lines: Mapping[str, int] = attrs.field(factory=dict, eq=False, repr=False)
@@ -119,6 +122,7 @@ class _SchemaReader(Reader):
                 "publish",
                 "taps",
                 "worker",
+                "nats",
             },
         )
         version = root.get("schema_version", MISSING)
@@ -128,6 +132,7 @@ class _SchemaReader(Reader):
             self.fail(root, "schema_version", "must be 1", version)
         publish = self.publish(root)
         models = self.models(root)
+        taps = self.taps(root, publish, models)
         return Config(
             path=self.path,
             listen=self.listen(root),
@@ -140,8 +145,9 @@ class _SchemaReader(Reader):
             ),
             models=models,
             publish=publish,
-            taps=self.taps(root, publish, models),
+            taps=taps,
             worker=self.worker(root),
+            nats=parse_nats_section(self, root, taps),
             lines=self.lines,
         )
 
@@ -265,7 +271,7 @@ class _SchemaReader(Reader):
                     continue
                 if a.topic == b.topic:
                     self.fail(item, f"taps[{a.name}].topic", "must be unique across taps", a.topic)
-                if b.topic.startswith(a.topic):
+                if b.topic.startswith(a.topic) and a.transport == b.transport == "zmq":
                     expected = (
                         f"must not be a prefix of tap '{b.name}'s topic '{b.topic}' "
                         "(ZeroMQ subscriptions match by prefix)"
@@ -288,6 +294,8 @@ class _SchemaReader(Reader):
             "response",
             "capacity",
             "endpoint",
+            "transport",
+            "subject",
             "curve",
         }
         raw_name = item.get("name")
@@ -345,6 +353,7 @@ class _SchemaReader(Reader):
             f"tcp://{publish.host}:{publish.base_port + index}",
             checks.zmq_endpoint,
         )
+        transport, subject = parse_tap_transport(self, item, p, topic)
         return TapConfig(
             name=name,
             topic=topic,
@@ -358,10 +367,15 @@ class _SchemaReader(Reader):
             ),
             response=self.response(item, p) if joined else None,
             capacity=self.get(item, "capacity", p, int, 1024, checks.at_least_1),
-            curve=self.curve(item, p) if item.get("curve") is not None else None,
+            transport=transport,
+            subject=subject,
+            curve=self.curve(item, p, transport) if item.get("curve") is not None else None,
         )
 
-    def curve(self, item: Mapping, prefix: str) -> CurveKeys:
+    def curve(self, item: Mapping, prefix: str, transport: str) -> CurveKeys:
+        if transport != "zmq":
+            expected = f"is only for ZeroMQ taps (transport is {transport!r})"
+            self.fail(item, f"{prefix}curve", expected)
         s = self.section(item, "curve", prefix, {"server_secret_key", "client_keys"})
         p = f"{prefix}curve."
         secret = self.get(s, "server_secret_key", p, str, check=checks.non_empty)

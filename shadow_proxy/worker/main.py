@@ -26,6 +26,7 @@ import signal
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -51,15 +52,19 @@ LAST_MESSAGE_WAIT_S = 1.0
 
 
 class Publishing:
-    """Each tap's publisher, fed from the joiner's tap queues."""
+    """Each tap's publisher, fed from the joiner's tap queues: its PUB socket, or
+    its share of the JetStream link (``link``, when a tap uses NATS)."""
 
-    def __init__(self, joiner: Joiner, context: zmq.Context):
+    def __init__(self, joiner: Joiner, context: zmq.Context, link: Any = None):
         self.joiner = joiner
-        self.publishers: list[Publisher] = []
+        self.publishers: list[Any] = []
         keys = curve.load_all(joiner.config)
         #: ZAP for the CURVE taps, in its own thread (see ``publishers/curve.py``).
         self.authenticator = curve.start_authenticator(context, keys)
         for tap in joiner.taps:
+            if tap.config.transport == "nats":
+                self.publishers.append(link.publisher(tap.queue))
+                continue
             try:
                 self.publishers.append(Publisher(context, tap.queue, keys.get(tap.config.name)))
             except zmq.ZMQError as e:
@@ -68,6 +73,8 @@ class Publishing:
                 where = joiner.config.where(f"taps[{name}].endpoint")
                 msg = f"{where}: tap '{name}' cannot bind {endpoint} ({zmq.strerror(e.errno)})"
                 raise TapSocketError(msg) from e
+        if link is not None:
+            joiner.metrics.registry.register(link.metrics)
 
     def pump(self) -> bool:
         """Send what the queues hold; True when records are still waiting."""
@@ -86,9 +93,13 @@ class Publishing:
     def drain(self, deadline_s: float) -> int:
         """Publish what is queued for up to ``deadline_s``; returns what was lost."""
         deadline = time.monotonic() + deadline_s
-        while self.pump() and time.monotonic() < deadline:
+        while (self.pump() or self.in_flight()) and time.monotonic() < deadline:
             time.sleep(RETRY_MS / 1000)
         return sum(publisher.queue.close() for publisher in self.publishers)
+
+    def in_flight(self) -> int:
+        """Records handed to a transport and not yet confirmed (JetStream acks)."""
+        return sum(publisher.in_flight for publisher in self.publishers)
 
     def close(self) -> None:
         for publisher in self.publishers:
@@ -113,6 +124,8 @@ class Publishing:
                     "models": list(config.models),
                     "sample": config.sample,
                     "capacity": config.capacity,
+                    "transport": config.transport,
+                    **({"subject": config.subject} if config.subject else {}),
                     "publisher_id": publisher.publisher_id,
                     "next_seq": queue.next_seq,
                     "queued": queue.queued,
@@ -128,6 +141,17 @@ class Publishing:
 
 class TapSocketError(OSError):
     """A tap's socket cannot be bound; the message names the key's line."""
+
+
+def _jetstream_link(config: Config) -> Any:
+    """The JetStream link when a tap publishes to NATS (None otherwise); it starts
+    connecting now, while the tokenizers load. Imported only then: a worker
+    without NATS taps does not load nats-py."""
+    if not any(tap.transport == "nats" for tap in config.taps):
+        return None
+    from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+
+    return JetStreamLink.for_config(config)
 
 
 def _load_models(config: Config) -> dict[str, LoadedModel]:
@@ -163,11 +187,17 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
             return False
         return True
 
+    link = _jetstream_link(config)
     try:
         joiner = Joiner(config, _load_models(config))
-        publishing = Publishing(joiner, context)
+        publishing = Publishing(joiner, context, link)
+        problem = link.startup_problem() if link is not None else None
     except (ModelLoadError, TapSocketError, curve.CurveKeyError) as e:
-        say(control.Failed(str(e)))
+        problem = str(e)
+    if problem is not None:
+        say(control.Failed(problem))
+        if link is not None:
+            link.close()
         control_socket.close(linger=1000)
         context.term()
         return 1

@@ -26,6 +26,9 @@ LINGER_MS = 200
 
 
 class Publisher:
+    #: Records sent and not yet confirmed: none, a ZeroMQ send is final.
+    in_flight = 0
+
     def __init__(self, context: zmq.Context, queue: TapQueue, keys: TapKeys | None = None):
         """Bind the tap's socket; with ``keys`` as a CURVE server (``curve.py``)."""
         config = queue.config
