@@ -127,3 +127,25 @@ def test_the_example_file_works_from_any_directory(tmp_path, monkeypatch):
     config = Config.from_yaml(ROOT / "config" / "example.yaml")
     assert config.models[0].tokenizer == str(ROOT / ".models" / "deepseek")
     assert config.publish.host == "127.0.0.1"
+
+
+class TestCurveKeys:
+    """``curve`` belongs to ZeroMQ taps; its paths are read from the file's directory."""
+
+    def test_paths_relative_to_the_file(self, tmp_path):
+        text = BASE + (
+            "taps:\n  - name: a\n    capture: request\n"
+            "    curve: {server_secret_key: keys/s.key_secret, client_keys: keys/allowed}\n"
+        )
+        curve = load(tmp_path, text).taps[0].curve
+        assert curve.server_secret_key == str(tmp_path / "keys" / "s.key_secret")
+        assert curve.client_keys == str(tmp_path / "keys" / "allowed")
+
+    def test_not_on_a_nats_tap(self, tmp_path):
+        text = BASE + (
+            "nats: {servers: ['nats://127.0.0.1:4222']}\n"
+            "taps:\n  - name: a\n    capture: request\n    transport: nats\n"
+            "    curve: {server_secret_key: s, client_keys: c}\n"
+        )
+        message = rejected(tmp_path, text)
+        assert "'taps[a].curve' is only for ZeroMQ taps (transport is 'nats')" in message
