@@ -1,7 +1,9 @@
 """A small asyncio load generator for OpenAI-compatible frontends.
 
 Used by the demo and the benchmarks. Prompts are built before the clock starts
-(distinct per request, about ``prompt_tokens`` tokens), then ``concurrency``
+(distinct per request, about ``prompt_tokens`` tokens of the model's tokenizer
+when ``tokens_per_word`` is measured for it with ``tokens_per_word_of``; the
+default 1.0 holds for the common BPE vocabularies), then ``concurrency``
 workers send ``requests`` requests and record per request: status, time to
 first byte of the body (for streams: the first SSE event, i.e. time to first
 token), end-to-end time, the frontend's ``usage`` and whether the client
@@ -67,6 +69,9 @@ class LoadSpec:
     seed: int = 0
     headers: dict[str, str] = attrs.field(factory=dict)
     timeout_s: float = 600.0
+    #: Tokens per word of the prompt's word list with the model's tokenizer
+    #: (``tokens_per_word_of``): ``prompt_tokens`` counts tokens, not words.
+    tokens_per_word: float = 1.0
 
     def cancels(self, index: int) -> bool:
         return (index * 7919) % 1000 < self.cancel_fraction * 1000
@@ -127,13 +132,26 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 2)
 
 
-def make_prompt(rng: random.Random, tokens: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(max(1, tokens - 8)))
+def make_prompt(rng: random.Random, tokens: int, tokens_per_word: float = 1.0) -> str:
+    """About ``tokens`` tokens of words (8 fewer: the request's prefix and the
+    chat template's own tokens)."""
+    words = max(1, round((tokens - 8) / tokens_per_word))
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def tokens_per_word_of(tokenizer_json: str, sample_words: int = 2000) -> float:
+    """Tokens per word of the prompt's word list with the tokenizer in
+    ``tokenizer_json`` (a Hugging Face ``tokenizer.json``)."""
+    from tokenizers import Tokenizer
+
+    text = make_prompt(random.Random(0), sample_words + 8)
+    ids = Tokenizer.from_file(tokenizer_json).encode(text, add_special_tokens=False).ids
+    return len(ids) / sample_words
 
 
 def make_body(spec: LoadSpec, index: int) -> bytes:
     rng = random.Random(spec.seed * 1_000_003 + index)
-    prompt = f"Request {index}. " + make_prompt(rng, spec.prompt_tokens)
+    prompt = f"Request {index}. " + make_prompt(rng, spec.prompt_tokens, spec.tokens_per_word)
     if spec.api == "responses":
         return responses_body(spec, prompt)
     body: dict[str, Any] = {

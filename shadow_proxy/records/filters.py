@@ -27,6 +27,10 @@ STRIP_EMBEDS = "strip-embeds"
 STRIP_EXTRA_ARGS = "strip-extra-args"
 STRIP_AGENT_CONTEXT = "strip-agent-context"
 TOKENS_ONLY = "tokens-only"
+#: Drops the request's own text that ``tokens-only`` keeps: stop strings and
+#: guided-decoding schemas (regexes, grammars, JSON schemas, choices). A replay
+#: without stop strings may run past where the primary stopped.
+STRIP_TEXT_OPTIONS = "strip-text-options"
 SKIP_MULTIMODAL = "skip-multimodal"
 MAX_TOKENS = "max-tokens"
 
@@ -38,9 +42,13 @@ KNOWN_FILTERS = (
     STRIP_EXTRA_ARGS,
     STRIP_AGENT_CONTEXT,
     TOKENS_ONLY,
+    STRIP_TEXT_OPTIONS,
     SKIP_MULTIMODAL,
     f"{MAX_TOKENS}=N",
 )
+#: Inside ``stop_conditions`` and ``sampling_options``: the keys that carry the
+#: client's text, dropped by ``strip-text-options``.
+TEXT_OPTION_KEYS = frozenset({"stop", "guided_decoding"})
 
 #: ``select`` returns one of these, or None to take the request.
 SKIP_REASONS = frozenset({SKIP_MULTIMODAL, MAX_TOKENS})
@@ -115,6 +123,7 @@ class ProjectionKey:
     strip_extra_args: bool
     strip_agent_context: bool
     strip_routing: bool
+    strip_text_options: bool = False
 
 
 @attrs.frozen
@@ -171,6 +180,7 @@ class FilterSet:
             strip_extra_args=tokens_only or STRIP_EXTRA_ARGS in given,
             strip_agent_context=tokens_only or STRIP_AGENT_CONTEXT in given,
             strip_routing=tokens_only,
+            strip_text_options=STRIP_TEXT_OPTIONS in given,
         )
         in_effect = [name for name in given if name != STRIP_WORKER_PINS]
         if key.strip_worker_pins:
@@ -209,6 +219,14 @@ def _keep(value: Any, key: ProjectionKey) -> Any:
 
 def _keep_if_set(value: Any, key: ProjectionKey) -> Any:
     return _OMIT if value is None else value
+
+
+def _text_options(value: Mapping[str, Any], key: ProjectionKey) -> Any:
+    """``stop_conditions`` or ``sampling_options``, without stop strings and
+    guided-decoding schemas under ``strip-text-options``."""
+    if not key.strip_text_options:
+        return value
+    return {name: item for name, item in value.items() if name not in TEXT_OPTION_KEYS}
 
 
 def _annotations(value: list[str], key: ProjectionKey) -> Any:
@@ -293,8 +311,8 @@ def _mdc_sum(value: str | None, key: ProjectionKey) -> Any:
 FIELD_DECISIONS: Mapping[str, _Decision] = {
     "model": _keep,
     "token_ids": _keep,
-    "stop_conditions": _keep,
-    "sampling_options": _keep,
+    "stop_conditions": _text_options,
+    "sampling_options": _text_options,
     "output_options": _keep,
     "eos_token_ids": _keep,
     "annotations": _annotations,

@@ -95,7 +95,7 @@ class Joiner:
     def __init__(self, config: Config, models: dict[str, LoadedModel]):
         self.config = config
         self.models = models
-        self.preprocessor = Preprocessor(models)
+        self.preprocessor = Preprocessor(models, config.upstream.max_request_bytes)
         self.taps = [Tap(c, TapQueue(c)) for c in config.taps]
         self.metrics = WorkerMetrics([t.queue for t in self.taps])
         self.pending: collections.OrderedDict[bytes, Pending] = collections.OrderedDict()
@@ -142,7 +142,8 @@ class Joiner:
         request_id = frames[1].decode("utf-8", "replace")
         started = time.perf_counter()
         headers = engine_headers.unpack(frames[3]) if len(frames) > 3 else []
-        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns, headers)
+        encoding = hf.unpack_encoding(frames)  # the worker decodes its own copy, bounded
+        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns, headers, encoding)
         self.metrics.preprocess_seconds.labels(route.label).observe(time.perf_counter() - started)
         if not isinstance(pre, (PreprocessedRequest, PreprocessedBatch)):
             self.metrics.not_mirrored.labels(pre.reason).inc()

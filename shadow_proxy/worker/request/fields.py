@@ -12,6 +12,10 @@ from typing import Any
 import attrs
 
 NOT_MIRRORED_REASONS: tuple[str, ...] = (
+    "content_encoding",  # a Content-Encoding the worker does not decode, or bytes that fail to
+    "body_too_large",  # the decoded body exceeds upstream.max_request_bytes
+    "too_large",  # the serving loop answered 413 (counted there: the worker never sees it)
+    "body_timeout",  # the serving loop answered 408 (counted there)
     "non_utf8",  # the body is not UTF-8
     "invalid_json",  # the body is not JSON (NaN and Infinity included, as serde rejects them)
     "not_an_object",  # the JSON is not an object

@@ -43,6 +43,7 @@ from typing import Any
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.request import batch, identity, options, responses
+from shadow_proxy.worker.request.body import decode_body
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
     Reject,
@@ -81,8 +82,12 @@ class Preprocessor:
     """Builds the engine's view of chat, completions and responses requests for the
     loaded models."""
 
-    def __init__(self, models: Mapping[str, LoadedModel]) -> None:
+    def __init__(
+        self, models: Mapping[str, LoadedModel], max_body_bytes: int = 64 * 1024 * 1024
+    ) -> None:
         self._models = dict(models)
+        #: Bound on a decoded (decompressed) body: ``upstream.max_request_bytes``.
+        self.max_body_bytes = max_body_bytes
 
     def preprocess(
         self,
@@ -90,14 +95,18 @@ class Preprocessor:
         body: bytes,
         arrival_unix_ns: int,
         headers: Sequence[tuple[str, str]] = (),
+        content_encoding: str = "",
     ) -> PreprocessedRequest | batch.PreprocessedBatch | NotMirrored:
         """The preprocessed request (one per prompt for batch completions), or
         why there is none. Never raises.
 
+        ``body`` is as the client sent it; ``content_encoding`` its header.
         ``headers``: the allow-listed request headers (``channel.headers``),
         which fill ``agent_context``, ``image_cache_scope``, routing overrides
         and the cache salt as Dynamo fills them (``identity.py``)."""
         try:
+            if content_encoding:
+                body = decode_body(body, content_encoding, self.max_body_bytes)
             return self._preprocess(route, body, arrival_unix_ns, Headers(list(headers)))
         except Reject as reject:
             return NotMirrored(reject.reason)

@@ -130,12 +130,15 @@ def _resolve_dir(name: str, tokenizer: str, *, allow_hub: bool) -> Path:
     local = Path(tokenizer).expanduser()
     if local.is_dir():
         return local
-    unreachable = (
-        f"tokenizer '{tokenizer}' for model '{name}' is not a local directory and no model "
-        "hub is reachable here; point `tokenizer` at a local Hugging Face directory"
-    )
     if local.is_absolute() or tokenizer.startswith((".", "~")) or tokenizer.count("/") > 1:
-        raise ModelLoadError(unreachable)
+        problem = "is not a directory" if local.exists() else "does not exist"
+        msg = f"tokenizer directory {tokenizer} for model '{name}' {problem}"
+        raise ModelLoadError(msg)
+    unreachable = (
+        f"tokenizer '{tokenizer}' for model '{name}' is neither a local directory nor in "
+        "the local Hugging Face cache (no model hub is reachable here); point `tokenizer` "
+        "at a local Hugging Face directory"
+    )
     from huggingface_hub import snapshot_download
 
     try:  # the local cache only: never the network
