@@ -40,7 +40,9 @@ Regimes:
 ``--profile`` adds one unmeasured run of the ``taps`` case with py-spy
 attached to the serving process and to the tap worker, and reports their top
 functions. Results go to ``bench/results/<timestamp>-<regime>.{json,md}`` and
-``bench/results/latest.md``.
+``bench/results/latest.md`` (the newest run's tables; untracked, in
+.gitignore: a run never rewrites a committed file; commit the timestamped
+files you mean to keep).
 """
 
 from __future__ import annotations
@@ -996,7 +998,7 @@ def _fresh(args: argparse.Namespace) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not MODEL_DIR.joinpath("tokenizer.json").exists():
-        from shadow_proxy import modeldirs
+        from shadow_proxy.devtools import modeldirs
 
         modeldirs.build_all(REPO / ".models")
     regimes = ("quick", "capacity", "isolation", "memory") if args.regime == "all" else (

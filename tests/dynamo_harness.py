@@ -33,6 +33,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -230,6 +231,7 @@ def start_dynamo(
     ready_timeout: float = 90.0,
     extra_mocker_args: tuple[str, ...] = (),
     extra_frontend_args: tuple[str, ...] = (),
+    extra_frontend_env: Mapping[str, str] | None = None,
 ) -> DynamoProcs:
     """Start ``dynamo.mocker`` serving ``model_dir`` as ``served_name`` and ``dynamo.frontend``.
 
@@ -237,7 +239,9 @@ def start_dynamo(
     request succeeds (both mocker and frontend ready), at most ``ready_timeout``
     seconds; on failure stops both and raises DynamoStartError with the log
     tails. ``speedup`` is the mocker's --speedup-ratio: use 100..1000 (0 is not
-    instant in 1.6.1). Raises DynamoUnavailable when Dynamo is not installed.
+    instant in 1.6.1). ``extra_frontend_env`` adds variables to the frontend's
+    environment only (e.g. ``DYN_REQUEST_TRACE*``). Raises DynamoUnavailable
+    when Dynamo is not installed.
     """
     py = dynamo_python()
     model_dir = Path(model_dir).resolve()
@@ -268,7 +272,7 @@ def start_dynamo(
             *extra_frontend_args,
         ],
         stdout=flog,
-        **common,
+        **{**common, "env": {**env, **(extra_frontend_env or {})}},
     )
     procs = DynamoProcs(
         mocker,

@@ -4,10 +4,12 @@
 ``Config.from_yaml``, ``reader.py`` the strict reading (lines, types, checks).
 """
 
+from shadow_proxy.config.nats import GIB, NatsConfig
 from shadow_proxy.config.reader import ConfigError
 from shadow_proxy.config.schema import Config
 from shadow_proxy.config.values import (
     MIB,
+    CurveKeys,
     Listen,
     ModelEntry,
     Publish,
@@ -18,11 +20,14 @@ from shadow_proxy.config.values import (
 )
 
 __all__ = [
+    "GIB",
     "MIB",
     "Config",
     "ConfigError",
+    "CurveKeys",
     "Listen",
     "ModelEntry",
+    "NatsConfig",
     "Publish",
     "ResponseOptions",
     "TapConfig",

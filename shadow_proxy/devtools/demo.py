@@ -44,7 +44,13 @@ import aiohttp
 import attrs
 import yaml
 
-from shadow_proxy.devtools.loadgen import LoadSpec, Report, make_body, run_load
+from shadow_proxy.devtools.loadgen import (
+    LoadSpec,
+    Report,
+    make_body,
+    run_load,
+    tokens_per_word_of,
+)
 
 #: The taps of the reference deployment (deploy/kubernetes/base/configmap.yaml).
 REFERENCE_TAPS: tuple[dict[str, Any], ...] = (
@@ -430,6 +436,8 @@ async def run_once(run: RunOptions, frontend: str, log_dir: Path) -> dict[str, A
                 requests=run.requests,
                 concurrency=run.concurrency,
                 prompt_tokens=run.isl,
+                # --isl counts the model's tokens, not words of the prompt list.
+                tokens_per_word=tokens_per_word_of(str(run.tokenizer / "tokenizer.json")),
                 output_tokens=run.osl,
                 stream=run.stream,
                 cancel_fraction=run.cancel_fraction,
@@ -850,7 +858,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--concurrency", type=_positive_int, default=16, help="requests in flight at once"
     )
-    parser.add_argument("--isl", type=_positive_int, default=512, help="prompt tokens (about)")
+    parser.add_argument(
+        "--isl",
+        type=_positive_int,
+        default=512,
+        help="prompt tokens (about: of the model's tokenizer, counted before the run)",
+    )
     parser.add_argument("--osl", type=_positive_int, default=32, help="output tokens")
     parser.add_argument(
         "--stream",

@@ -1,8 +1,8 @@
 """A built-in OpenAI-compatible frontend for the demo, the tests and the benchmarks.
 
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming SSE and
-unary), ``/v1/models`` and ``/health`` like a real frontend would, without a
-model:
+unary), ``/v1/responses`` (``frontend_responses.py``), ``/v1/models`` and
+``/health`` like a real frontend would, without a model:
 
 - ``usage.prompt_tokens`` is exact: chat messages are rendered with the model's
   own chat template (generation prompt added) and the text is encoded without
@@ -19,6 +19,11 @@ model:
   ``length``; ``n`` choices are interleaved chunk by chunk.
 - ``ttft_ms`` passes before the first token and ``itl_ms`` between tokens. Each
   SSE event is its own ``write()``.
+- Divergence (for replay tests and the demo): with ``diverge_fraction`` above 0,
+  a request whose request id (``x-request-id``, else the response id) falls in
+  that fraction (``diverges``: a CRC-32 of the id) skips one token of the cycle
+  from token position ``diverge_at`` on, in every choice: same token count, the
+  output differs from position ``diverge_at``.
 
 Tests steer a request with the header ``x-mock-fault`` (or the body field
 ``mock_fault`` when a header cannot be set): a comma-separated list of
@@ -37,6 +42,7 @@ import logging
 import sys
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -110,6 +116,15 @@ class MockConfig:
     #: Threads that encode prompts off the event loop (the tokenizer releases
     #: the GIL); 0 encodes inline on the loop.
     tokenizer_threads: int = attrs.field(default=1, validator=_non_negative)
+    #: Fraction of requests (by request id, see ``diverges``) whose output
+    #: differs from token position ``diverge_at`` on.
+    diverge_fraction: float = attrs.field(default=0.0, validator=_non_negative)
+    diverge_at: int = attrs.field(default=0, validator=_non_negative)
+
+
+def diverges(request_id: str, fraction: float) -> bool:
+    """Whether a request with this id diverges at ``diverge_fraction`` = fraction."""
+    return zlib.crc32(request_id.encode()) < fraction * 2**32
 
 
 # --------------------------------------------------------------------------- faults
@@ -307,7 +322,12 @@ class ServedModel:
         msg = "'prompt' must be a string, a list of token ids, or a list of either"
         raise MockRequestError(msg)
 
-    def output_text(self, count: int) -> str:
+    def output_text(self, count: int, diverge_at: int | None = None) -> str:
+        if diverge_at is not None and diverge_at < count:
+            cycle = self.output_texts
+            return self.output_text(diverge_at) + "".join(
+                cycle[(step + 1) % len(cycle)] for step in range(diverge_at, count)
+            )
         cycle = self.output_texts
         full, rest = divmod(count, len(cycle))
         return "".join(cycle) * full + "".join(cycle[:rest])
@@ -331,6 +351,8 @@ class Generation:
     prompt_tokens: int
     include_usage: bool
     faults: Faults
+    #: Token position from which the output skips one token (None: it does not).
+    diverge_at: int | None = None
 
     @property
     def usage(self) -> dict[str, int]:
@@ -372,12 +394,16 @@ class ChunkEncoder:
                 self.head,
                 self.index[index],
                 self.first if step == 0 else self.later,
-                texts[step % len(texts)],
+                texts[self._step(step) % len(texts)],
                 self.after_text,
                 b"null" if finish is None else b'"' + finish.encode() + b'"',
                 b"}]}\n\n",
             )
         )
+
+    def _step(self, step: int) -> int:
+        at = self.gen.diverge_at
+        return step + 1 if at is not None and step >= at else step
 
     def usage(self) -> bytes:
         gen = self.gen
@@ -395,7 +421,7 @@ class ChunkEncoder:
 
 def unary_body(gen: Generation) -> dict[str, Any]:
     """The whole answer of a non-streaming request."""
-    text = gen.model.output_text(gen.tokens_per_choice)
+    text = gen.model.output_text(gen.tokens_per_choice, gen.diverge_at)
     choices: list[dict[str, Any]] = []
     for index in range(gen.choices):
         choice: dict[str, Any] = {"index": index}
@@ -576,11 +602,15 @@ class _Handlers:
         stop_after = faults.stop_after
         early_stop = stop_after is not None and stop_after < max_tokens
         prefix = "chatcmpl" if chat else "cmpl"
+        response_id = f"{prefix}-{uuid.uuid4().hex}"
+        config = self.config
+        diverge_id = request.headers.get(REQUEST_ID_HEADER) or response_id
+        diverge = config.diverge_fraction > 0 and diverges(diverge_id, config.diverge_fraction)
         return Generation(
             chat=chat,
             stream=stream,
             model=model,
-            response_id=f"{prefix}-{uuid.uuid4().hex}",
+            response_id=response_id,
             created=int(time.time()),
             choices=n * len(prompts),
             tokens_per_choice=stop_after if early_stop and stop_after is not None else max_tokens,
@@ -588,6 +618,7 @@ class _Handlers:
             prompt_tokens=sum(prompts),
             include_usage=include_usage,
             faults=faults,
+            diverge_at=config.diverge_at if diverge else None,
         )
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
@@ -745,6 +776,10 @@ def make_app(
     app.cleanup_ctx.append(shutdown_pool)
     app.router.add_post("/v1/chat/completions", handlers.chat)
     app.router.add_post("/v1/completions", handlers.completions)
+    # Imported here: frontend_responses builds on this module.
+    from shadow_proxy.devtools.frontend_responses import ResponsesHandler
+
+    app.router.add_post("/v1/responses", ResponsesHandler(handlers).handle)
     app.router.add_get("/v1/models", handlers.list_models)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/mock/stats", handlers.get_stats)
@@ -806,6 +841,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--default-max-tokens", type=int, default=16, help="tokens per choice without max_tokens"
     )
     parser.add_argument(
+        "--diverge-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of requests (by request id) whose output differs from --diverge-at on",
+    )
+    parser.add_argument(
+        "--diverge-at", type=int, default=0, help="token position where outputs diverge"
+    )
+    parser.add_argument(
         "--tokenizer-threads",
         type=int,
         default=1,
@@ -825,6 +869,8 @@ def run_mock_frontend(argv: Sequence[str] | None = None) -> int:
             itl_ms=args.itl_ms,
             default_max_tokens=args.default_max_tokens,
             tokenizer_threads=args.tokenizer_threads,
+            diverge_fraction=args.diverge_fraction,
+            diverge_at=args.diverge_at,
         )
         app = make_app(config)
     except (ValueError, OSError) as exc:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,9 @@ class RecordSource:
 
     #: Whether records arrive as they happen (live) or are read from storage.
     live = False
+    #: Whether a delivery not acknowledged is delivered again (JetStream): a
+    #: caller that keeps records must have them written before it acknowledges.
+    redelivers = False
 
     def __init__(self, *, dedup: bool = True, heartbeats: bool = False) -> None:
         self.stats = SourceStats()
@@ -210,8 +214,11 @@ class TapSource(RecordSource):
         *,
         rcvhwm: int = 100_000,
         max_message_bytes: int = 256 * 2**20,
+        curve: tuple[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``curve``: (the tap's public key file, this consumer's key pair file)
+        for a tap with CURVE (``zmq.auth.create_certificates`` files)."""
         super().__init__(**kwargs)
         import zmq
         import zmq.asyncio
@@ -227,6 +234,8 @@ class TapSource(RecordSource):
         socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         socket.setsockopt(zmq.SUBSCRIBE, self._topic)
         socket.setsockopt(zmq.SUBSCRIBE, self._heartbeat_topic)
+        if curve is not None:
+            _curve_client(socket, *curve)
         for endpoint in self.endpoints:
             socket.connect(endpoint)
         self._socket = socket
@@ -261,6 +270,53 @@ class TapSource(RecordSource):
             self._context.term()
 
 
+def _curve_client(socket: Any, server_key: str, client_key: str) -> None:
+    """Make ``socket`` a CURVE client of the tap whose public key is in
+    ``server_key``, with the key pair in ``client_key``; ``SourceError`` when a
+    file cannot be used."""
+    import zmq
+    import zmq.auth
+
+    try:
+        server_public, _ = zmq.auth.load_certificate(server_key)
+        public, secret = zmq.auth.load_certificate(client_key)
+    except (OSError, ValueError) as e:
+        msg = f"CURVE key file: {e}"
+        raise SourceError(msg) from e
+    if not secret:
+        msg = f"--curve-client-key {client_key} holds no secret-key (use the .key_secret file)"
+        raise SourceError(msg)
+    socket.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+    socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
+#: Records a reorder window holds by default (about 1 KiB of state each, plus
+#: the records themselves).
+DEFAULT_REORDER_WINDOW = 4096
+
+
+async def in_arrival_order(
+    deliveries: AsyncIterator[Delivery], window: int = DEFAULT_REORDER_WINDOW
+) -> AsyncIterator[Delivery]:
+    """Deliveries re-sorted by ``arrival_unix_ns`` within a bounded window.
+
+    Joined records are published when their response ends, so a record file
+    is in end order, not arrival order. Holding up to ``window`` deliveries in
+    a heap restores arrival order wherever a record is overtaken by fewer than
+    ``window`` later-arriving ones (at most ``window`` are held at any time).
+    """
+    heap: list[tuple[int, int, Delivery]] = []
+    count = 0
+    async for delivery in deliveries:
+        count += 1
+        heapq.heappush(heap, (delivery.envelope["arrival_unix_ns"], count, delivery))
+        if len(heap) > window:
+            yield heapq.heappop(heap)[2]
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True) -> None:
     """The source arguments every tool takes (SPEC section 8)."""
     group = parser.add_argument_group("record source (one of)")
@@ -280,6 +336,25 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
     group.add_argument("--nats", metavar="URL", action="append", help="JetStream server(s)")
     group.add_argument("--stream", default="SHADOW", help="JetStream stream [SHADOW]")
     group.add_argument("--durable", help="JetStream durable consumer name (shared = split)")
+    group.add_argument("--subject", help="JetStream: the tap's subject [shadow.TOPIC, see --topic]")
+    group.add_argument(
+        "--ack-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="JetStream: unacknowledged records come again after S (a new durable) [30]",
+    )
+    group.add_argument(
+        "--curve-server-key",
+        metavar="FILE",
+        help="live tap with CURVE: the tap's public key file (e.g. server.key)",
+    )
+    group.add_argument(
+        "--curve-client-key",
+        metavar="FILE",
+        help="live tap with CURVE: this consumer's key pair file (e.g. client.key_secret), "
+        "whose public key the tap's client_keys list",
+    )
 
 
 def open_source(
@@ -287,7 +362,8 @@ def open_source(
 ) -> RecordSource:
     """The source the parsed arguments name; ``SourceError`` when they name none or several."""
     paths = list(getattr(args, "sources", None) or [])
-    live = bool(args.endpoint or args.topic or args.discover)
+    # --topic names the tap's topic for a stream too (its subject is shadow.TOPIC).
+    live = bool(args.endpoint or args.discover or (args.topic and not args.nats))
     kinds = [k for k, given in (("files", paths), ("tap", live), ("nats", args.nats)) if given]
     if len(kinds) != 1:
         msg = (
@@ -307,7 +383,15 @@ def open_source(
         from shadow_proxy.records.jetstream_source import JetStreamSource
 
         return JetStreamSource(
-            args.nats, args.stream, args.tap, args.durable, dedup=dedup, heartbeats=heartbeats
+            args.nats,
+            args.stream,
+            args.tap,
+            args.durable,
+            topic=args.topic,
+            subject=args.subject,
+            ack_wait_s=args.ack_wait,
+            dedup=dedup,
+            heartbeats=heartbeats,
         )
     endpoints, topic = list(args.endpoint), args.topic
     if args.discover:
@@ -323,4 +407,10 @@ def open_source(
     if not topic or not endpoints:
         msg = "a live tap needs --topic and --endpoint, or --discover URL --tap NAME"
         raise SourceError(msg)
-    return TapSource(endpoints, topic, dedup=dedup, heartbeats=heartbeats)
+    server_key = getattr(args, "curve_server_key", None)
+    client_key = getattr(args, "curve_client_key", None)
+    if bool(server_key) != bool(client_key):
+        msg = "CURVE needs both --curve-server-key and --curve-client-key"
+        raise SourceError(msg)
+    curve = (server_key, client_key) if server_key else None
+    return TapSource(endpoints, topic, dedup=dedup, heartbeats=heartbeats, curve=curve)

@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Iterable
 
 import attrs
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -26,6 +26,7 @@ from shadow_proxy.channel.checkpoint import COUNTER_SAMPLES, TapState, counter_s
 from shadow_proxy.channel.control import Family
 from shadow_proxy.channel.families import Totals
 from shadow_proxy.metrics import LATENCY_BUCKETS
+from shadow_proxy.serving.logs import CLIENT_ERROR_KINDS
 
 #: Event-loop lag (``SHADOW_PROXY_LOOP_LAG=1``): how late a 10 ms sleep wakes up.
 LOOP_LAG_BUCKETS = (
@@ -150,12 +151,18 @@ class ProxyMetrics:
     upstream_errors: Counter
     handoff_dropped: Counter
     worker_restarts: Counter
+    client_connections: Gauge
+    connections_refused: Counter
+    rejected_requests: Counter
+    body_timeouts: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ProxyMetrics:
         metrics = cls._create(registry)
         for kind in UPSTREAM_ERROR_KINDS:  # series exist (at 0) before the first error
             metrics.upstream_errors.labels(kind)
+        for kind in CLIENT_ERROR_KINDS:
+            metrics.rejected_requests.labels(kind)
         return metrics
 
     @classmethod
@@ -188,6 +195,27 @@ class ProxyMetrics:
                 "Times the tap worker process died and was started again.",
                 registry=registry,
             ),
+            client_connections=Gauge(
+                "shadow_proxy_client_connections",
+                "Client connections open now (listen.max_connections bounds them).",
+                registry=registry,
+            ),
+            connections_refused=Counter(
+                "shadow_proxy_connections_refused",
+                "Client connections answered 503 and closed: listen.max_connections reached.",
+                registry=registry,
+            ),
+            rejected_requests=Counter(
+                "shadow_proxy_rejected_requests",
+                "Requests the HTTP parser rejected (400 from the proxy, never forwarded), by kind.",
+                ["kind"],
+                registry=registry,
+            ),
+            body_timeouts=Counter(
+                "shadow_proxy_body_timeouts",
+                "Requests whose body did not arrive within listen.body_timeout_s (408).",
+                registry=registry,
+            ),
         )
 
 
@@ -201,11 +229,18 @@ def loop_lag_histogram(registry: CollectorRegistry) -> Histogram:
     )
 
 
+#: The worker's family of requests that yield no record; the serving loop adds
+#: the requests it answered itself before any hand-off (413, 408).
+NOT_MIRRORED = "shadow_not_mirrored"
+
+
 class WorkerMetricsRelay(Collector):
     """Re-exports the tap worker's metrics on this registry; never backwards.
 
     The worker sends its collected metric families every second; ``update``
-    keeps the latest and ``collect`` yields them. When the worker dies,
+    keeps the latest and ``collect`` yields them, with the serving loop's own
+    not-mirrored counts (``not_mirrored``) added to ``shadow_not_mirrored`` (one
+    family, whichever process saw the reason). When the worker dies,
     ``worker_died`` keeps what its last snapshot counted, and
     ``dead_worker_finals`` adds its taps' final counters (from its checkpoint,
     newer than its last snapshot, plus the loss its death caused): a counter
@@ -214,6 +249,9 @@ class WorkerMetricsRelay(Collector):
 
     def __init__(self) -> None:
         self._totals = Totals()
+        #: reason -> requests on mirrored routes the serving loop answered
+        #: itself, so the worker never saw them.
+        self.serving_not_mirrored: dict[str, int] = {}
 
     def update(self, families: list[Family]) -> None:
         self._totals.update("worker", families)
@@ -227,9 +265,16 @@ class WorkerMetricsRelay(Collector):
                 family = sample.removesuffix("_total")
                 self._totals.add(family, "counter", _TAP_DOCS[family], [(sample, labels, value)])
 
+    def not_mirrored(self, reason: str) -> None:
+        """Count a mirrored-route request the serving loop answered itself."""
+        self.serving_not_mirrored[reason] = self.serving_not_mirrored.get(reason, 0) + 1
+
     def collect(self) -> Iterable[Metric]:
+        families = self._totals.families()
+        if self.serving_not_mirrored:
+            families = _with_serving_not_mirrored(families, self.serving_not_mirrored)
         metrics = []
-        for name, kind, doc, samples in self._totals.families():
+        for name, kind, doc, samples in families:
             metric = Metric(name, doc, kind)
             for sample_name, labels, value in samples:
                 metric.add_sample(sample_name, labels, value)
@@ -238,6 +283,31 @@ class WorkerMetricsRelay(Collector):
 
     def describe(self) -> Iterable[Metric]:
         return []
+
+
+def _with_serving_not_mirrored(families: list[Family], extra: dict[str, int]) -> list[Family]:
+    """``shadow_not_mirrored`` with the serving loop's counts added, reason by reason."""
+    extra = dict(extra)
+    out = []
+    found = False
+    for name, kind, doc, samples in families:
+        if name == NOT_MIRRORED:
+            found = True
+            merged = []
+            for sample_name, labels, value in samples:
+                reason = labels.get("reason")
+                if sample_name.endswith("_total") and reason in extra:
+                    value += extra.pop(reason)
+                merged.append([sample_name, labels, value])
+            samples = merged + [
+                [f"{NOT_MIRRORED}_total", {"reason": r}, v] for r, v in extra.items()
+            ]
+        out.append([name, kind, doc, samples])
+    if not found:
+        doc = "Mirrored-route requests that yield no record."
+        samples = [[f"{NOT_MIRRORED}_total", {"reason": r}, v] for r, v in extra.items()]
+        out.append([NOT_MIRRORED, "counter", doc, samples])
+    return out
 
 
 _TAP_DOCS = {

@@ -32,6 +32,7 @@ import select
 import signal
 import socket
 import time
+from typing import Any
 
 import msgpack
 import zmq
@@ -43,7 +44,8 @@ from shadow_proxy.config import Config
 from shadow_proxy.worker import priority
 from shadow_proxy.worker.metrics import WorkerMetrics
 from shadow_proxy.worker.pool import Pool
-from shadow_proxy.worker.publishing import RETRY_MS, Publishing
+from shadow_proxy.worker.publishers import curve
+from shadow_proxy.worker.publishing import RETRY_MS, Publishing, TapSocketError
 from shadow_proxy.worker.shards import default_processes
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,17 @@ class Main:
         return totals.families()
 
 
+def _jetstream_link(config: Config) -> Any:
+    """The JetStream link when a tap publishes to NATS (None otherwise); it starts
+    connecting now, while the shards load the tokenizers. Imported only then: a
+    worker without NATS taps does not load nats-py."""
+    if not any(tap.transport == "nats" for tap in config.taps):
+        return None
+    from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+
+    return JetStreamLink.for_config(config)
+
+
 def run(
     config: Config,
     handoff_path: str,
@@ -171,8 +184,12 @@ def run(
             return False
         return True
 
+    link = _jetstream_link(config)
+
     def fail(message: str) -> int:
         say(control.Failed(message))
+        if link is not None:
+            link.close()
         control_socket.close(linger=1000)
         context.term()
         return 1
@@ -185,9 +202,10 @@ def run(
             metrics.registry,
             generation=generation,
             checkpoint_path=checkpoint_path,
+            link=link,
         )
-    except (zmq.ZMQError, OSError) as e:
-        return fail(f"tap socket: {e}")
+    except (TapSocketError, curve.CurveKeyError) as e:
+        return fail(str(e))
     metrics.queues = publishing.queues
     processes = config.worker.processes or default_processes()
     pool = Pool(config, publishing, os.path.dirname(handoff_path), metrics.registry, processes)
@@ -198,11 +216,12 @@ def run(
         if stop["now"]:
             break
         main.poll(100)
-    if not pool.all_ready():
+    problem = link.startup_problem() if link is not None else None
+    if not pool.all_ready() or problem is not None:
         pool.stop(0)
         publishing.close()
-        why = pool.failure or f"the tap worker's shards were not ready in {SHARDS_READY_S:.0f}s"
-        return fail(why)
+        why = problem or pool.failure
+        return fail(why or f"the tap worker's shards were not ready in {SHARDS_READY_S:.0f}s")
     try:
         main.connect(handoff_path)
     except OSError as e:
@@ -244,6 +263,8 @@ def run(
             "shutdown: %d queued record(s) lost after the %.0fs drain", lost, control.DRAIN_S
         )
     publishing.close()
+    if link is not None:
+        link.close()
     if main.handoff is not None:
         main.handoff.close()
     control_socket.close(linger=1000)

@@ -9,7 +9,7 @@ request costs.
 Routing: a request's ``q`` goes to a ready shard chosen by its key (the serving
 process's counter: round-robin); its ``c`` and ``e`` follow it to that shard.
 The main keeps each open request's shard and the taps still waiting for it
-(``OpenRequest.mask``, narrowed by the shard's settle messages).
+(``OpenRequest.waiting``, replaced by each of the shard's settle messages).
 
 Guarantees (every request handed over yields, per tap, one record or one
 counted drop, whatever a shard does):
@@ -26,6 +26,7 @@ counted drop, whatever a shard does):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -174,7 +175,7 @@ class Pool:
         if shard.out_bytes + len(message) > self.bound:
             publishing.drop_request("handoff_full")
             return
-        self.open[key] = OpenRequest(shard, publishing.all_taps)
+        self.open[key] = OpenRequest(shard, dict.fromkeys(range(len(publishing.queues)), 1))
         shard.keys.add(key)
         self._queue(shard, message)
 
@@ -240,11 +241,16 @@ class Pool:
             tap, ready_ns, offset, payload = sw.parse_record(frames)
             publishing.take(tap, payload, offset, ready_ns)
         elif kind == sw.SETTLE:
-            key, mask, done = sw.parse_settle(frames)
+            key, waiting, done = sw.parse_settle(frames)
             request = self.open.get(key)
             if request is not None and request.shard is shard:
-                publishing.resolve(request.mask & ~mask)
-                request.mask &= mask
+                now = collections.Counter(waiting)
+                decided = 0
+                for tap in request.waiting:
+                    if tap not in now:
+                        decided |= 1 << tap
+                publishing.resolve(decided)
+                request.waiting = dict(now)
                 if done:
                     del self.open[key]
                     shard.keys.discard(key)
@@ -315,9 +321,8 @@ class Pool:
         reason = "closed" if self.stopping else "worker_died"
         for key in list(shard.keys):
             request = self.open.pop(key, None)
-            if request is not None and request.mask:
-                self.lost += bin(request.mask).count("1")
-                self.publishing.drop_request(reason, request.mask)
+            if request is not None and request.waiting:
+                self.lost += self.publishing.drop_waiting(reason, request.waiting)
         shard.keys.clear()
         self.totals.retire(shard.token)
         if self.replacing.get(shard.index) is shard:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import zmq
 from prometheus_client import CollectorRegistry
@@ -30,6 +31,7 @@ from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.config import Config
 from shadow_proxy.records.wire import Heartbeat
 from shadow_proxy.worker.lag import LagBound, late_counter, record_lag_histogram
+from shadow_proxy.worker.publishers import curve
 from shadow_proxy.worker.publishers.zeromq import Publisher
 from shadow_proxy.worker.shard_wire import with_seq
 from shadow_proxy.worker.tap_queue import TapQueue
@@ -43,8 +45,14 @@ RETRY_MS = 5
 CHECKPOINT_EVERY_S = 0.01
 
 
+class TapSocketError(OSError):
+    """A tap's socket cannot be bound; the message names the key's line."""
+
+
 class Publishing:
-    """Each tap's queue and publisher, and the checkpoint of their state."""
+    """Each tap's queue and publisher (its PUB socket, a CURVE server with keys, or
+    its share of the JetStream ``link``), and the checkpoint of their state.
+    Raises ``TapSocketError`` or ``curve.CurveKeyError`` naming the config line."""
 
     def __init__(
         self,
@@ -54,23 +62,43 @@ class Publishing:
         *,
         generation: int = 0,
         checkpoint_path: str | Path | None = None,
+        link: Any = None,
     ):
         self.config = config
         self.queues = [TapQueue(tap) for tap in config.taps]
         bound = LagBound.from_seconds(config.worker.max_lag_s)
         self.lag = record_lag_histogram(registry)
         self.late = late_counter(registry)
-        self.publishers: list[Publisher] = []
+        self.publishers: list[Any] = []
+        self._file: cp.CheckpointFile | None = None
+        keys = curve.load_all(config)
+        #: ZAP for the CURVE taps, in its own thread (see ``publishers/curve.py``).
+        self.authenticator = curve.start_authenticator(context, keys)
         for queue in self.queues:
-            self.publishers.append(
-                Publisher(
+            tap = queue.config
+            if tap.transport == "nats":
+                self.publishers.append(link.publisher(queue))
+                continue
+            try:
+                publisher = Publisher(
                     context,
                     queue,
+                    keys.get(tap.name),
                     lag=self.lag.labels(queue.name),
                     bound=bound,
                     late=self.late.labels("queue"),
                 )
-            )
+            except zmq.ZMQError as e:
+                self.close()
+                where = config.where(f"taps[{tap.name}].endpoint")
+                msg = (
+                    f"{where}: tap '{tap.name}' cannot bind {tap.endpoint} "
+                    f"({zmq.strerror(e.errno)})"
+                )
+                raise TapSocketError(msg) from e
+            self.publishers.append(publisher)
+        if link is not None:
+            registry.register(link.metrics)
         self.all_taps = (1 << len(self.queues)) - 1
         #: Per tap: requests of this connection whose fate on the tap is decided.
         self.resolved = [0] * len(self.queues)
@@ -80,7 +108,6 @@ class Publishing:
         self._claimed = [0] * len(self.queues)
         self._last_write = 0.0
         self._dirty = True
-        self._file = None
         if checkpoint_path is not None:
             self._file = cp.CheckpointFile(
                 checkpoint_path, cp.CheckpointFile.size_for(len(self.queues))
@@ -118,6 +145,16 @@ class Publishing:
             mask >>= 1
             tap += 1
         self._dirty = True
+
+    def drop_waiting(self, reason: str, waiting: dict[int, int]) -> int:
+        """The records a request still owed are lost: each a drop with its seq; the
+        taps are decided. Returns how many records."""
+        mask = 0
+        for tap, count in waiting.items():
+            self.queues[tap].drop(reason, count)
+            mask |= 1 << tap
+        self.resolve(mask)
+        return sum(waiting.values())
 
     def drop_request(self, reason: str, mask: int | None = None) -> None:
         """A request handed over on this connection is lost on the taps in ``mask``
@@ -213,24 +250,35 @@ class Publishing:
             publisher.heartbeat()
         if self._tombstones and time.monotonic() < self._announce_until:
             for tap, beat, sequence in self._tombstones:
-                self.publishers[tap].last_words(beat, sequence)
+                publisher = self.publishers[tap]
+                if hasattr(publisher, "last_words"):  # ZeroMQ taps (JetStream: not yet)
+                    publisher.last_words(beat, sequence)
         elif self._tombstones:
             self._tombstones = []
 
     def drain(self, deadline_s: float) -> int:
         """Publish what is queued for up to ``deadline_s``; returns what was lost."""
         deadline = time.monotonic() + deadline_s
-        while self.pump() and time.monotonic() < deadline:
+        while (self.pump() or self.in_flight()) and time.monotonic() < deadline:
             time.sleep(RETRY_MS / 1000)
         lost = sum(queue.close() for queue in self.queues)
         self.checkpoint()
         return lost
 
+    def in_flight(self) -> int:
+        """Records handed to a transport and not yet confirmed (JetStream acks)."""
+        return sum(publisher.in_flight for publisher in self.publishers)
+
     def close(self) -> None:
         for publisher in self.publishers:
             publisher.close()
+        self.publishers = []
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
         if self._file is not None:
             self._file.close()
+            self._file = None
 
     def listing(self) -> list[dict]:
         """What ``/shadow/taps`` shows of each tap."""
@@ -244,10 +292,13 @@ class Publishing:
                     "topic": config.topic,
                     "endpoint": publisher.endpoint,
                     "capture": config.capture,
+                    "curve": config.curve is not None,
                     "filters": list(config.filters.names),
                     "models": list(config.models),
                     "sample": config.sample,
                     "capacity": config.capacity,
+                    "transport": config.transport,
+                    **({"subject": config.subject} if config.subject else {}),
                     "publisher_id": publisher.publisher_id,
                     "next_seq": queue.next_seq,
                     "queued": queue.queued,

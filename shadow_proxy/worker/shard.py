@@ -159,11 +159,15 @@ class ShardLoop:
         while out:
             hf.consume(out, self.sock.sendmsg(out[:512]))
 
-    def mask(self, key: bytes) -> int:
+    def waiting(self, key: bytes) -> list[int]:
+        """The records the request still owes (joined taps, per prompt of a batch)."""
         pending = self.joiner.pending.get(key)
         if pending is None or pending.recorder is None:
-            return 0
-        return sum(tap.queue.bit for tap in pending.joined)
+            return []
+        return [tap.queue.index for part in pending.parts() for tap in part.joined]
+
+    def mask(self, key: bytes) -> int:
+        return sum({1 << tap for tap in self.waiting(key)})
 
     # -- one message ------------------------------------------------------------------
 
@@ -189,14 +193,14 @@ class ShardLoop:
             log.error("hand-off message dropped: a request with a malformed header")
             for tap in self.joiner.taps:
                 tap.queue.drop("worker_error")
-            self.emit(sw.settle(key, 0, True))
+            self.emit(sw.settle(key, [], True))
             return
         now = time.monotonic_ns()
         if self.bound.late(arrival_mono_ns, now):
             self.late.labels("intake").inc()
             for tap in self.joiner.taps:
                 tap.queue.drop("late")
-            self.emit(sw.settle(key, 0, True))
+            self.emit(sw.settle(key, [], True))
             return
         self.intake_lag.observe((now - arrival_mono_ns) / 1e9)
         self.requests += 1
@@ -213,9 +217,9 @@ class ShardLoop:
                     tap.queue.drop("worker_error")
         if key in pending:
             self.open[key] = cost
-            self.emit(sw.settle(key, self.mask(key), False))
+            self.emit(sw.settle(key, self.waiting(key), False))
         else:
-            self.emit(sw.settle(key, 0, True))
+            self.emit(sw.settle(key, [], True))
         if len(self.open) > len(pending):  # the joiner gave up its oldest (max_in_flight)
             for old in [k for k in self.open if k not in pending]:
                 self.forget(old)
@@ -247,16 +251,18 @@ class ShardLoop:
         mask = self.mask(key)
         if mask and self.bound.late(self.ready_ns, time.monotonic_ns()):
             self.late.labels("end").inc()
-            for tap in pending.joined:
-                tap.queue.drop("late")
+            for part in pending.parts():
+                for tap in part.joined:
+                    tap.queue.drop("late")
             joiner.pending.pop(key, None)
         else:
             recorder = pending.recorder
             self.touched = 0
             if not handle_safely(joiner, frames):
-                for tap in pending.joined:
-                    if mask & ~self.touched & tap.queue.bit:
-                        tap.queue.drop("worker_error")
+                for part in pending.parts():
+                    for tap in part.joined:
+                        if mask & ~self.touched & tap.queue.bit:
+                            tap.queue.drop("worker_error")
             if recorder is not None and end != EndKind.CAPTURE_LOST:
                 self._count_decoded(key, recorder)
         self.forget(key)
@@ -270,7 +276,7 @@ class ShardLoop:
         self.open.pop(key, None)
         self.gave_up.discard(key)
         self.joiner.pending.pop(key, None)
-        self.emit(sw.settle(key, 0, True))
+        self.emit(sw.settle(key, [], True))
 
     @property
     def all_taps(self) -> int:

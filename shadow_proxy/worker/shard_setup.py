@@ -17,7 +17,7 @@ from shadow_proxy.config import Config
 from shadow_proxy.worker.budget import Budget, longest_token_bytes
 from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
-from shadow_proxy.worker.request.tokenizer import LoadedModel, load_model
+from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
 
 log = logging.getLogger("shadow_proxy.worker.shard")
 
@@ -63,8 +63,17 @@ def load_models(config: Config) -> dict[str, LoadedModel]:
     budget = Budget(worker.max_prompt_bytes, worker.max_decoded_bytes, worker.max_request_cpu_s)
     cache_bytes = worker.tokenizer_cache_bytes // max(1, len(config.models))
     models = {}
-    for entry in config.models:
-        model = load_model(entry.name, entry.tokenizer, entry.context_length)
+    for index, entry in enumerate(config.models):
+        try:
+            model = load_model(
+                entry.name,
+                entry.tokenizer,
+                entry.context_length,
+                template_engine=entry.template_engine,
+            )
+        except ModelLoadError as e:
+            msg = f"{config.where(f'models[{index}].tokenizer')}: {e}"
+            raise ModelLoadError(msg) from e
         encoder = None
         if cache_bytes > 0:
             encoder = IncrementalEncoder.for_tokenizer(model.backend, cache_bytes)

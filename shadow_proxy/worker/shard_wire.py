@@ -17,10 +17,11 @@ Shard -> main, in the order the shard produced them:
 - ``D`` drop (tap, count; reason): records lost before they existed (the main takes
   their seqs);
 - ``S`` skip (tap; reason): a request the tap does not take;
-- ``K`` settle (key, done; tap mask): the taps that still expect a record for the
-  request from this shard. Everything the shard sends for a request before ``K``
-  is about the taps that leave the mask. ``done``: the shard has forgotten the
-  request (until then its ``e`` is still wanted, for the prompt-token check);
+- ``K`` settle (key, done; waiting taps): the records the request still owes, as
+  tap indices (a tap once per record: a batch's prompts are a record each).
+  Everything the shard sends for a request before ``K`` is about the records no
+  longer waiting. ``done``: the shard has forgotten the request (until then its
+  ``e`` is still wanted, for the prompt-token check);
 - ``M`` metrics (families): the shard's metric snapshot;
 - ``X`` retire (RSS in MiB): the shard is over ``worker.max_rss_mb``.
 """
@@ -85,9 +86,9 @@ def skip(tap: int, reason: str) -> list[bytes]:
     return [SKIP + _SKIP.pack(tap), reason.encode()]
 
 
-def settle(key: bytes, mask: int, done: bool) -> list[bytes]:
+def settle(key: bytes, waiting: list[int], done: bool) -> list[bytes]:
     flag = b"\x01" if done else b"\x00"
-    return [SETTLE + key + flag, mask.to_bytes((mask.bit_length() + 7) // 8, "big")]
+    return [SETTLE + key + flag, struct.pack(f">{len(waiting)}H", *waiting)]
 
 
 def metrics(families: list[Family]) -> list[bytes]:
@@ -119,8 +120,9 @@ def parse_skip(frames: list[bytes]) -> tuple[int, str]:
     return _SKIP.unpack(frames[0][1:])[0], frames[1].decode()
 
 
-def parse_settle(frames: list[bytes]) -> tuple[bytes, int, bool]:
-    return frames[0][1:9], int.from_bytes(frames[1], "big"), frames[0][9:10] == b"\x01"
+def parse_settle(frames: list[bytes]) -> tuple[bytes, tuple[int, ...], bool]:
+    waiting = struct.unpack(f">{len(frames[1]) // 2}H", frames[1])
+    return frames[0][1:9], waiting, frames[0][9:10] == b"\x01"
 
 
 def parse_info(frames: list[bytes]) -> dict:

@@ -62,9 +62,10 @@ class Shard:
 @attrs.define(eq=False)
 class OpenRequest:
     shard: Shard
-    #: Taps still waiting for this request's record (the shard may keep a request
-    #: with none, for the prompt-token check at its end).
-    mask: int
+    #: Records the request still owes, per tap index (before the shard's first
+    #: settle: one on every tap). The shard may keep a request that owes none, for
+    #: the prompt-token check at its end.
+    waiting: dict[int, int]
     #: A message of it could not be forwarded: its end goes as a lost capture.
     lost: bool = False
 

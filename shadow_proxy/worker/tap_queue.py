@@ -19,14 +19,16 @@ from shadow_proxy.config import TapConfig
 #: deadline passed, socket closed). ``handoff_full``: the serving loop could
 #: not hand the request or its response to the worker. ``evicted``: the
 #: worker tracked too many unfinished requests and gave up on the oldest.
-#: ``encode_error``: the record could not be encoded. ``late``: the request
-#: or record was older than ``worker.max_lag_s`` (``worker/lag.py``).
-#: ``worker_died``: the worker process (or the shard) that held the request
-#: died or was stopped before its record existed. ``worker_error``: handling
-#: the request failed (a bug) before this tap's record existed.
+#: ``encode_error``: the record could not be encoded. ``projection_error``:
+#: this tap's filters failed on the request (e.g. input nested too deep).
+#: ``late``: the request or record was older than ``worker.max_lag_s``
+#: (``worker/lag.py``). ``worker_died``: the worker process (or the shard)
+#: that held the request died or was stopped before its record existed.
+#: ``worker_error``: handling the request failed (a bug) before this tap's
+#: record existed.
 DROP_REASONS = (
-    "full", "closed", "handoff_full", "evicted", "encode_error", "late", "worker_died",
-    "worker_error",
+    "full", "closed", "handoff_full", "evicted", "encode_error", "projection_error", "late",
+    "worker_died", "worker_error",
 )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ import zmq
 
 from shadow_proxy.records.wire import Heartbeat, encode_frames, heartbeat_topic, new_publisher_id
 from shadow_proxy.worker.lag import LagBound
+from shadow_proxy.worker.publishers.curve import TapKeys, make_server
 from shadow_proxy.worker.tap_queue import TapQueue
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,20 @@ LINGER_MS = 200
 
 
 class Publisher:
+    #: Records sent and not yet confirmed: none, a ZeroMQ send is final.
+    in_flight = 0
+
     def __init__(
         self,
         context: zmq.Context,
         queue: TapQueue,
+        keys: TapKeys | None = None,
         *,
         lag: Any = None,
         bound: LagBound | None = None,
         late: Any = None,
     ):
+        """Bind the tap's socket; with ``keys`` as a CURVE server (``curve.py``)."""
         config = queue.config
         self.queue = queue
         #: The tap's lag histogram child, the late bound and the late counter child.
@@ -55,6 +61,8 @@ class Publisher:
         self.socket.setsockopt(zmq.RCVHWM, 1000)
         self.socket.setsockopt(zmq.LINGER, LINGER_MS)
         self.socket.setsockopt(zmq.XPUB_NODROP, 1)
+        if keys is not None:
+            make_server(self.socket, config.name, keys)
         self.socket.bind(config.endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 

@@ -82,7 +82,7 @@ class TestConnection:
         capture.end(EndKind.CLEAN)
         await wait_for(lambda: len(worker.read()) == 3)
         q, e = worker.messages[1:]
-        assert q[0][:1] == hf.KIND_REQUEST and q[1:] == [b"r1", b'{"a":1}']
+        assert q[0][:1] == hf.KIND_REQUEST and q[1:3] == [b"r1", b'{"a":1}']
         assert e[0][:1] == hf.KIND_END
         worker.close()
 

@@ -110,8 +110,8 @@ def sent(loop: ShardLoop, main: Main) -> list[tuple]:
             tap, count, reason = sw.parse_drop(frames)
             out.append(("D", tap, reason, count))
         elif kind == sw.SETTLE:
-            _, mask, done = sw.parse_settle(frames)
-            out.append(("K", mask, done))
+            _, waiting, done = sw.parse_settle(frames)
+            out.append(("K", list(waiting), done))
     return out
 
 
@@ -122,11 +122,11 @@ class TestSettles:
         loop, main = shard
         now = time.monotonic_ns()
         loop.on_message(q(1, now))
-        assert sent(loop, main) == [("R", KV, None), ("K", 1 << REPLAY, False)]
+        assert sent(loop, main) == [("R", KV, None), ("K", [REPLAY], False)]
         loop.on_message(c(1, [SSE]))
         assert sent(loop, main) == []
         loop.on_message(e(1))
-        assert sent(loop, main) == [("R", REPLAY, "complete"), ("K", 0, True)]
+        assert sent(loop, main) == [("R", REPLAY, "complete"), ("K", [], True)]
         assert loop.open == {}
 
 
@@ -136,17 +136,17 @@ class TestLate:
     def test_late_request_dropped_on_every_tap(self, shard):
         loop, main = shard
         loop.on_message(q(2, time.monotonic_ns() - 2_000_000_000))
-        assert sent(loop, main) == [("D", KV, "late", 1), ("D", REPLAY, "late", 1), ("K", 0, True)]
+        assert sent(loop, main) == [("D", KV, "late", 1), ("D", REPLAY, "late", 1), ("K", [], True)]
         assert loop.late.labels("intake")._value.get() == 1
 
     def test_late_end_drops_joined_taps(self, shard):
         loop, main = shard
         arrival = time.monotonic_ns() - 800_000_000  # fresh at intake
         loop.on_message(q(3, arrival))
-        assert sent(loop, main) == [("R", KV, None), ("K", 1 << REPLAY, False)]
+        assert sent(loop, main) == [("R", KV, None), ("K", [REPLAY], False)]
         time.sleep(0.3)
         loop.on_message(e(3, [SSE], head=True))  # ended 5 µs after arrival: now late
-        assert sent(loop, main) == [("D", REPLAY, "late", 1), ("K", 0, True)]
+        assert sent(loop, main) == [("D", REPLAY, "late", 1), ("K", [], True)]
 
 
 class TestFailures:
@@ -157,7 +157,7 @@ class TestFailures:
         frames = [hf.KIND_REQUEST + hf.KEY.pack(4) + b"short", b"rid", BODY]
         loop.on_message(b"".join(hf.stream_buffers(frames)[0]))
         assert sent(loop, main) == [
-            ("D", KV, "worker_error", 1), ("D", REPLAY, "worker_error", 1), ("K", 0, True),
+            ("D", KV, "worker_error", 1), ("D", REPLAY, "worker_error", 1), ("K", [], True),
         ]  # fmt: skip
 
     def test_failing_end(self, shard):
@@ -166,7 +166,7 @@ class TestFailures:
         sent(loop, main)
         bad = [hf.KIND_END + hf.KEY.pack(5) + hf.END_META.pack(EndKind.CLEAN, 9), b"", b"", b"x"]
         loop.on_message(b"".join(hf.stream_buffers(bad)[0]))  # no chunk frame: IndexError
-        assert sent(loop, main) == [("D", REPLAY, "worker_error", 1), ("K", 0, True)]
+        assert sent(loop, main) == [("D", REPLAY, "worker_error", 1), ("K", [], True)]
 
 
 @pytest.mark.parametrize("shard", [{"max_request_cpu_s": 0.001}], indirect=True)
@@ -180,5 +180,5 @@ class TestCpuBudget:
         loop.open[hf.KEY.pack(6)] = 0.01  # as if its messages had cost 10 ms
         loop.on_message(c(6, [SSE]))
         loop.on_message(e(6))
-        assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", 0, True)]
+        assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", [], True)]
         assert loop.budget_exceeded.labels("cpu")._value.get() == 1

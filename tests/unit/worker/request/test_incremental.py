@@ -22,7 +22,6 @@ from shadow_proxy.worker.request.incremental import (
     _probe,
 )
 from shadow_proxy.worker.request.preprocess import Preprocessor
-from shadow_proxy.worker.request.prompt import _template_messages
 from shadow_proxy.worker.request.tokenizer import LoadedModel, load_model
 
 MODELS = ("deepseek", "chatml")
@@ -45,7 +44,7 @@ CONTENT = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=10)), 
 )
 MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from(["system", "user", "assistant", "tool"]), "content": CONTENT}
-)
+).map(lambda m: {**m, "tool_call_id": "call-1"} if m["role"] == "tool" else m)
 CONVERSATION = st.lists(MESSAGE, min_size=1, max_size=8)
 
 
@@ -60,15 +59,8 @@ def encoders(loaded) -> dict[str, IncrementalEncoder]:
 
 
 def render(model: LoadedModel, messages: list[dict]) -> str:
-    """The prompt text the worker encodes (preprocess.py's template context)."""
-    context = {
-        **model.template_globals,
-        "messages": _template_messages(messages),
-        "tools": None,
-        "documents": None,
-        "add_generation_prompt": True,
-    }
-    return model.chat_template.render(context).replace("\0", "")
+    """The prompt text the worker encodes (prompt.py renders the request this way)."""
+    return model.chat_template.render({"messages": messages}).replace("\0", "")
 
 
 def fresh(encoder: IncrementalEncoder) -> IncrementalEncoder:

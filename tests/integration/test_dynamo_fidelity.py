@@ -1,0 +1,215 @@
+"""Issue 13's proof: the fidelity corpus through the proxy in front of the real
+Dynamo 1.6.1 frontend (two mockers: ``deepseek`` and ``chatml``).
+
+For every request of tests/data/fidelity/corpus.jsonl and both models:
+- the frontend answers 200 and its ``usage.prompt_tokens`` equals the length
+  of the record's ``token_ids``; ``shadow_prompt_token_mismatches_total`` stays 0;
+- sent again with ``nvext.annotations: ["token_ids"]``, the prompt token ids the
+  frontend streams back equal the record's, id for id (chat and text
+  completions; the frontend sends none for token-id prompts).
+
+The corpus grows with every difference found (one request per line: ``name``,
+``api``, ``body`` without ``model``, optional ``headers`` and ``note``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import zmq
+import zmq.asyncio
+
+from shadow_proxy.records.wire import HEARTBEAT_SUFFIX, decode_envelope, decode_frames
+from tests.conftest import free_port, proxy_config, require_dynamo, run_proxy, wait_for
+from tests.dynamo_harness import REPO, DynamoProcs, start_dynamo
+
+pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(600)]
+in_module_loop = pytest.mark.asyncio(loop_scope="module")
+
+MODELS = REPO / ".models"
+CORPUS_PATH = REPO / "tests" / "data" / "fidelity" / "corpus.jsonl"
+# split("\n"), not splitlines(): a line may hold U+2028, which splitlines() breaks at.
+CORPUS = [json.loads(line) for line in CORPUS_PATH.read_text(encoding="utf-8").split("\n") if line]
+MODEL_NAMES = ("deepseek", "chatml")
+TAP = "fidelity"
+TIMEOUT = aiohttp.ClientTimeout(total=120)
+
+
+@pytest.fixture(scope="module")
+def dynamo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DynamoProcs]:
+    require_dynamo()
+    from shadow_proxy.devtools.modeldirs import build_all
+
+    build_all(MODELS)
+    procs = start_dynamo(
+        MODELS / "deepseek", "deepseek", tmp_path_factory.mktemp("dynamo"), speedup=1000
+    )
+    try:
+        procs.add_mocker(MODELS / "chatml", "chatml", speedup=1000)
+        yield procs
+    finally:
+        procs.stop()
+
+
+class Records:
+    def __init__(self, context: zmq.asyncio.Context, endpoint: str) -> None:
+        self.socket = context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+        self.socket.setsockopt(zmq.SUBSCRIBE, TAP.encode())
+        self.socket.connect(endpoint)
+        self.by_id: dict[str, dict] = {}
+        self.heartbeats = 0
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            message = decode_frames(await self.socket.recv_multipart())
+            if message.topic.endswith(HEARTBEAT_SUFFIX):
+                self.heartbeats += 1
+            else:
+                envelope = decode_envelope(message.payload)
+                self.by_id[envelope["request_id"]] = envelope
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        self.socket.close(linger=0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(dynamo: DynamoProcs) -> AsyncIterator[tuple[str, object, Records]]:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    taps = [
+        {
+            "name": TAP,
+            "topic": TAP,
+            "capture": "request_response",
+            "endpoint": endpoint,
+            "capacity": 4096,
+        },
+    ]
+    models = [{"name": n, "tokenizer": str(MODELS / n)} for n in MODEL_NAMES]
+    config = proxy_config(dynamo.base_url, models=models, taps=taps)
+    context = zmq.asyncio.Context()
+    try:
+        async with run_proxy(config) as (url, registry, _app):
+            records = Records(context, endpoint)
+            try:
+                await wait_for(lambda: records.heartbeats >= 2, timeout=15)
+                yield url, registry, records
+            finally:
+                await records.close()
+    finally:
+        context.term()
+
+
+def metric(registry, name: str) -> float:
+    return sum(s.value for f in registry.collect() for s in f.samples if s.name == name)
+
+
+def request_of(entry: dict, model: str, annotated: bool) -> dict:
+    body = {**entry["body"], "model": model}
+    body.setdefault("max_tokens", 3)  # the mocker requires it
+    if body.get("stream"):
+        body["stream_options"] = {"include_usage": True}
+    if annotated:
+        body["stream"] = True
+        body.pop("stream_options", None)
+        body["nvext"] = {**body.get("nvext", {}), "annotations": ["token_ids"]}
+    return body
+
+
+def _usage_and_ids(data: bytes, stream: bool) -> tuple[dict | None, list[int] | None]:
+    if not stream:
+        return json.loads(data).get("usage"), None
+    usage, ids, event = None, None, None
+    for line in data.decode().split("\n"):
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif event == "token_ids" and line.startswith((":", "data:")):
+            found = re.findall(r"\[[0-9, ]*\]", line)
+            ids = json.loads(found[0]) if found else ids
+        elif line.startswith("data: {"):
+            usage = json.loads(line[6:]).get("usage") or usage
+        elif not line:
+            event = None
+    return usage, ids
+
+
+async def send_corpus(url: str, annotated: bool) -> list[tuple[str, str, dict]]:
+    """Every corpus request for both models: (model/name, request id, answer)."""
+    limit = asyncio.Semaphore(8)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
+
+        async def one(model: str, entry: dict) -> tuple[str, str, dict]:
+            body = request_of(entry, model, annotated)
+            path = "/v1/chat/completions" if entry["api"] == "chat" else "/v1/completions"
+            async with (
+                limit,
+                session.post(url + path, json=body, headers=entry.get("headers", {})) as response,
+            ):
+                data = await response.read()
+                usage, ids = (None, None)
+                if response.status == 200:
+                    usage, ids = _usage_and_ids(data, bool(body.get("stream")))
+                answer = {"status": response.status, "usage": usage, "ids": ids, "body": data[:300]}
+                return f"{model}/{entry['name']}", response.headers["x-request-id"], answer
+
+        return await asyncio.gather(
+            *(one(model, entry) for model in MODEL_NAMES for entry in CORPUS)
+        )
+
+
+@in_module_loop
+class TestCorpus:
+    """The whole corpus, both models: the record's prompt is the frontend's."""
+
+    async def test_prompt_tokens_equal_usage(self, stack) -> None:
+        url, registry, records = stack
+        answers = await send_corpus(url, annotated=False)
+        failed = [(key, a["status"], a["body"]) for key, _, a in answers if a["status"] != 200]
+        assert not failed, failed
+        ids = [rid for _, rid, _ in answers]
+        await wait_for(lambda: all(rid in records.by_id for rid in ids), timeout=60)
+        mismatched = []
+        for key, rid, answer in answers:
+            record = records.by_id[rid]
+            # (with tool_choice required or named, 1.6.1 + the mocker answer
+            # finish_reason null: the record says incomplete, as the client saw)
+            assert record["response"]["http_status"] == 200, key
+            rebuilt = len(record["request"]["token_ids"])
+            if answer["usage"]["prompt_tokens"] != rebuilt:
+                mismatched.append((key, rebuilt, answer["usage"]["prompt_tokens"]))
+        assert not mismatched, mismatched
+        assert len(answers) == 2 * len(CORPUS) >= 120
+        await wait_for(
+            lambda: metric(registry, "shadow_prompt_token_checks_total") >= len(answers),
+            timeout=15,
+        )
+        assert metric(registry, "shadow_prompt_token_mismatches_total") == 0
+        print(f"\nfidelity corpus: {len(answers)} requests, 0 prompt-token mismatches")
+
+    async def test_token_ids_equal_the_frontends(self, stack) -> None:
+        url, _registry, records = stack
+        answers = await send_corpus(url, annotated=True)
+        assert all(a["status"] == 200 for _, _, a in answers)
+        await wait_for(lambda: all(rid in records.by_id for _, rid, _ in answers), timeout=60)
+        compared, differing = 0, []
+        for key, rid, answer in answers:
+            if answer["ids"] is None:  # token-id prompts: the frontend sends none
+                continue
+            compared += 1
+            if records.by_id[rid]["request"]["token_ids"] != answer["ids"]:
+                differing.append(key)
+        assert not differing, differing
+        assert compared >= len(answers) - 2 * 2
+        print(f"\nfidelity corpus: {compared} prompts equal to the frontend's, id for id")
