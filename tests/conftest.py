@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import socket
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +13,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.config import Config
+from shadow_proxy.devtools import reference_taps
 from shadow_proxy.serving.app import make_app
+from tests.support.subscriber import TapSubscriber
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = ROOT / ".models"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.asynccontextmanager
@@ -47,19 +40,11 @@ async def serve(app: web.Application, *, handler_cancellation: bool = True) -> A
         await runner.cleanup()
 
 
-def proxy_config(upstream_url: str, **overrides: Any) -> Config:
-    """A valid config forwarding to ``upstream_url``; ``overrides`` are top-level keys."""
-    mapping: dict[str, Any] = {
-        "schema_version": 1,
-        "listen": {"host": "127.0.0.1", "port": 0},
-        "upstream": {"url": upstream_url},
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(mapping.get(key), dict):
-            mapping[key] = {**mapping[key], **value}
-        else:
-            mapping[key] = value
-    return Config.from_mapping(mapping)
+def proxy_config(upstream_url: str, **options: Any) -> Config:
+    """A valid config forwarding to ``upstream_url``, listening on any free
+    loopback port; ``options`` as ``devtools.reference_taps.proxy_config`` takes
+    them (``models`` a name -> tokenizer mapping, ``taps``, top-level keys)."""
+    return Config.from_mapping(reference_taps.proxy_config(upstream_url, **options))
 
 
 @contextlib.asynccontextmanager
@@ -70,18 +55,6 @@ async def run_proxy(
     app = make_app(config, registry=registry)
     async with serve(app) as url:
         yield url, registry, app
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01):
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)
 
 
 #: Set to 1 to skip the tests that need the real Dynamo (developers without it).
@@ -96,7 +69,7 @@ def require_dynamo() -> Path:
     pass silently. Outside CI, ``SHADOW_PROXY_SKIP_DYNAMO=1`` skips these tests;
     under ``CI=true`` that variable is ignored.
     """
-    from tests.dynamo_harness import DynamoUnavailable, dynamo_python
+    from shadow_proxy.devtools.dynamo import DynamoUnavailable, dynamo_python
 
     in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
     if os.environ.get(SKIP_DYNAMO_ENV) == "1" and not in_ci:
@@ -106,6 +79,22 @@ def require_dynamo() -> Path:
     except DynamoUnavailable as e:
         hint = "" if in_ci else f" (or set {SKIP_DYNAMO_ENV}=1 to skip the Dynamo tests)"
         pytest.fail(f"{e}{hint}", pytrace=False)
+
+
+@pytest.fixture
+def subscribe() -> Iterator[Callable[..., TapSubscriber]]:
+    """Opens test subscribers (``TapSubscriber(endpoint, topic)``); all are
+    closed when the test ends."""
+    opened: list[TapSubscriber] = []
+
+    def open_subscriber(endpoint: str, topic: str, **options: Any) -> TapSubscriber:
+        subscriber = TapSubscriber(endpoint, topic, **options)
+        opened.append(subscriber)
+        return subscriber
+
+    yield open_subscriber
+    for subscriber in opened:
+        subscriber.close()
 
 
 @pytest.fixture(scope="session")

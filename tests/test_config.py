@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from shadow_proxy.config import MIB, Config, ConfigError
-from tests.conftest import ROOT, free_port
+from shadow_proxy.devtools.processes import Child, reserve_endpoint, reserve_port, wait_http_ok
+from tests.conftest import ROOT
 
 SHADOW_PROXY = Path(sys.executable).parent / "shadow-proxy"
 
@@ -462,11 +463,9 @@ class TestCommandLine:
         assert str(path) in result.stderr
         assert "'schema_versio'" in result.stderr
 
-    def test_environment_variable_starts_a_valid_config(self, tmp_path):
+    async def test_environment_variable_starts_a_valid_config(self, tmp_path):
         """A valid file named by the variable serves (checked through /healthz)."""
-        import urllib.request
-
-        port = free_port()
+        port = reserve_port()
         path = tmp_path / "ok.yaml"
         path.write_text(
             f"schema_version: 1\nlisten: {{host: 127.0.0.1, port: {port}}}\n"
@@ -474,31 +473,9 @@ class TestCommandLine:
         )
         env = {k: v for k, v in os.environ.items() if k != "SHADOW_PROXY_CONFIG"}
         env["SHADOW_PROXY_CONFIG"] = str(path)
-        process = subprocess.Popen(
-            [str(SHADOW_PROXY), "serve"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            cwd=ROOT,
-        )
-        try:
-            import time
-
-            deadline = time.monotonic() + 30
-            while True:
-                assert process.poll() is None, process.stderr.read().decode()
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                        assert r.status == 200
-                        break
-                except OSError:
-                    assert time.monotonic() < deadline, "the proxy did not start"
-                    time.sleep(0.05)
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-            process.stderr.close()
-        assert process.returncode == 0
+        with Child("proxy", [str(SHADOW_PROXY), "serve"], tmp_path, env=env, cwd=ROOT) as proxy:
+            await wait_http_ok(f"http://127.0.0.1:{port}/healthz", 30, children=[proxy])
+            assert await proxy.stop(30) == 0
 
     def test_no_config_at_all(self):
         result = run_cli("serve")
@@ -511,10 +488,10 @@ class TestCommandLine:
         missing = tmp_path / "no-such-tokenizer"
         path = tmp_path / "proxy.yaml"
         path.write_text(
-            f"schema_version: 1\nlisten: {{host: 127.0.0.1, port: {free_port()}}}\n"
+            f"schema_version: 1\nlisten: {{host: 127.0.0.1, port: {reserve_port()}}}\n"
             "upstream: {url: 'http://127.0.0.1:9'}\n"
             f"models:\n  - {{name: m, tokenizer: '{missing}'}}\n"
-            f"taps:\n  - {{name: a, capture: request, endpoint: 'tcp://127.0.0.1:{free_port()}'}}\n"
+            f"taps:\n  - {{name: a, capture: request, endpoint: '{reserve_endpoint()}'}}\n"
         )
         result = run_cli("--log-level", "error", "serve", "--config", str(path))
         assert result.returncode == 2, result.stderr

@@ -6,8 +6,6 @@ import contextlib
 import http.server
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +16,7 @@ import zmq
 
 from shadow_proxy.consumer import main as consumer
 from shadow_proxy.consumer.accounting import Accounts
+from shadow_proxy.devtools.processes import Child
 from shadow_proxy.records import envelope as records
 from shadow_proxy.records import files, wire
 from shadow_proxy.records.discovery import discover
@@ -322,17 +321,11 @@ class TestRunner:
     def test_sigterm_prints_summary_and_exits_0(self, tmp_path):
         summary_path = tmp_path / "summary.json"
         with publisher() as (sock, endpoint):
-            proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "shadow_proxy.consumer.main", "--endpoint", endpoint),
-                    *("--topic", TOPIC, "--interval", "0.05", "--summary-path", str(summary_path)),
-                ],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            try:
+            argv = [
+                *(sys.executable, "-m", "shadow_proxy.consumer.main", "--endpoint", endpoint),
+                *("--topic", TOPIC, "--interval", "0.05", "--summary-path", str(summary_path)),
+            ]
+            with Child("consumer", argv, tmp_path, cwd=ROOT) as child:
 
                 def some_records() -> bool:
                     with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
@@ -340,14 +333,8 @@ class TestRunner:
                     return False
 
                 publish_until(sock, some_records, timeout=20)
-                proc.send_signal(signal.SIGTERM)
-                stdout, _ = proc.communicate(timeout=10)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        assert proc.returncode == 0
-        summary = json.loads(stdout)
+                assert child.terminate(10) == 0
+        summary = json.loads(child.read_output())
         assert summary["records"] >= 3
         assert summary["topic"] == TOPIC
 

@@ -8,18 +8,17 @@ temporary file. The proxy must answer /healthz, /readyz and /metrics.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import ROOT, free_port, serve
+from shadow_proxy.devtools.processes import Child, reserve_port, wait_http_ok
+from tests.conftest import ROOT, serve
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +56,7 @@ async def test_image_command_answers_health_ready_metrics(fresh_venv, tmp_path):
     frontend = web.Application()
     frontend.router.add_get("/v1/models", models)
     async with serve(frontend) as upstream:
-        port = free_port()
+        port = reserve_port()
         config = tmp_path / "config.yaml"
         config.write_text(
             f"schema_version: 1\nlisten: {{host: 127.0.0.1, port: {port}}}\n"
@@ -67,27 +66,13 @@ async def test_image_command_answers_health_ready_metrics(fresh_venv, tmp_path):
         assert command[:2] == ["shadow-proxy", "serve"]
         command[0] = str(fresh_venv / "bin" / command[0])
         command[command.index("--config") + 1] = str(config)
-        with open(tmp_path / "proxy.log", "wb") as log:
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
-        try:
+        with Child("proxy", command, tmp_path) as proxy:
             url = f"http://127.0.0.1:{port}"
+            await wait_http_ok(url + "/healthz", 60, children=[proxy])
             async with aiohttp.ClientSession() as s:
-                deadline = time.monotonic() + 60
-                while True:
-                    assert process.poll() is None, (tmp_path / "proxy.log").read_text()
-                    try:
-                        async with s.get(url + "/healthz") as r:
-                            if r.status == 200:
-                                break
-                    except aiohttp.ClientConnectionError:
-                        pass
-                    assert time.monotonic() < deadline, "the proxy did not start"
-                    await asyncio.sleep(0.1)
                 async with s.get(url + "/readyz") as r:
                     assert r.status == 200
                 async with s.get(url + "/metrics") as r:
                     assert r.status == 200
                     assert "shadow_proxy_requests_total" in await r.text()
-        finally:
-            process.terminate()
-            assert await asyncio.to_thread(process.wait, 30) == 0
+            assert await proxy.stop(30) == 0

@@ -5,9 +5,9 @@ directory as ``deepseek`` and one serving the chatml directory as ``chatml``
 (a second endpoint behind the same frontend). One proxy in front of it, run as
 the tests run it (``tests.conftest.run_proxy``), with the reference taps on
 loopback ports: ``kv-history-tracker`` (``capture: request``) and
-``shadow-replay`` (joined); a SUB socket collects every record of both.
+``shadow-replay`` (joined); a test subscriber on each collects every record.
 
-Facts about Dynamo 1.6.1 these tests lean on (see tests/dynamo_harness.py):
+Facts about Dynamo 1.6.1 these tests lean on (see ``devtools/dynamo.py``):
 the mocker requires ``max_tokens``; it answers ``n > 1`` with one choice; a
 SIGKILLed mocker leaves the client an HTTP 200 stream ending with an error event
 and ``[DONE]``. Dynamo renders tool-call arguments with minijinja, which prints
@@ -25,25 +25,23 @@ mirrors the request, with an ``error`` record); an empty completions prompt
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import random
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
-import zmq
 
+from shadow_proxy.devtools.dynamo import REPO, Dynamo, start_dynamo
 from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt
-from shadow_proxy.records import wire
-from tests.conftest import free_port, proxy_config, require_dynamo, run_proxy, wait_for
-from tests.dynamo_harness import REPO, DynamoProcs, start_dynamo
+from shadow_proxy.devtools.processes import WaitTimeout, reserve_endpoint, wait_until
+from shadow_proxy.devtools.reference_taps import JOINED_TAP, REQUEST_TAP, TAP_NAMES, reference_taps
+from tests.conftest import proxy_config, require_dynamo, run_proxy
+from tests.support.subscriber import TapSubscriber
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(240)]
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -57,116 +55,45 @@ MODELS = REPO / ".models"
 SPEEDUP = 2.0
 #: The mocker that is killed mid-stream: ~6 ms per token at speedup 1.
 SLOW_SPEEDUP = 1.0
-JOINED, REQUESTS = "shadow-replay", "kv-history-tracker"
+JOINED, REQUESTS = JOINED_TAP, REQUEST_TAP
 TIMEOUT = aiohttp.ClientTimeout(total=120)
-
-
-# --------------------------------------------------------------------------- records
-
-
-class RecordCollector:
-    """A SUB socket on both taps, read by a thread; keeps every message's frames."""
-
-    def __init__(self, endpoints: list[str], topics: list[str]) -> None:
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        for topic in topics:
-            self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        for endpoint in endpoints:
-            self.socket.connect(endpoint)
-        self.frames: list[list[bytes]] = []
-        self.by_tap: dict[str, dict[str, dict]] = {}
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="record-collector", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
-        while not self.stopping.is_set():
-            if not poller.poll(50):
-                continue
-            while True:
-                try:
-                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                message = wire.decode_frames(frames)
-                with self.lock:
-                    self.frames.append(frames)
-                    if not message.topic.endswith(wire.HEARTBEAT_SUFFIX):
-                        envelope = wire.decode_envelope(message.payload)
-                        self.by_tap.setdefault(envelope["tap"], {})[envelope["request_id"]] = (
-                            envelope
-                        )
-
-    def mark(self) -> int:
-        with self.lock:
-            return len(self.frames)
-
-    def since(self, mark: int) -> list[list[bytes]]:
-        with self.lock:
-            return list(self.frames[mark:])
-
-    def record(self, tap: str, request_id: str) -> dict | None:
-        with self.lock:
-            return self.by_tap.get(tap, {}).get(request_id)
-
-    async def wait_records(self, tap: str, request_ids: list[str], timeout: float = 30) -> dict:
-        """The tap's records of ``request_ids``; fails naming the missing ones."""
-        deadline = time.monotonic() + timeout
-        while True:
-            missing = [rid for rid in request_ids if self.record(tap, rid) is None]
-            if not missing:
-                return {rid: self.record(tap, rid) for rid in request_ids}
-            if time.monotonic() > deadline:
-                pytest.fail(f"{tap}: no record within {timeout}s for {len(missing)}: {missing}")
-            await asyncio.sleep(0.02)
-
-    def with_usage(self) -> int:
-        """Joined records whose response carries ``usage.prompt_tokens``."""
-        with self.lock:
-            records = list(self.by_tap.get(JOINED, {}).values())
-        return sum(
-            type((r["response"].get("usage") or {}).get("prompt_tokens")) is int for r in records
-        )
-
-    def close(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.socket.close()
-        self.context.term()
 
 
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def dynamo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DynamoProcs]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dynamo(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dynamo]:
     """The Dynamo frontend with a ``deepseek`` and a ``chatml`` mocker."""
     require_dynamo()
     from shadow_proxy.devtools.modeldirs import build_all
 
     build_all(MODELS)
     scratch = tmp_path_factory.mktemp("dynamo")
-    procs = start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=SPEEDUP)
+    dynamo = await start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=SPEEDUP)
     try:
-        procs.add_mocker(MODELS / "chatml", "chatml", speedup=SPEEDUP)
-        yield procs
+        await dynamo.add_mocker(MODELS / "chatml", "chatml", speedup=SPEEDUP)
+        yield dynamo
     finally:
-        procs.stop()
+        await dynamo.aclose()
 
 
 class Stack:
-    """The proxy's URL and registry, the Dynamo behind it and the records."""
+    """The proxy's URL and registry, the Dynamo behind it and a subscriber per tap."""
 
-    def __init__(self, dynamo: DynamoProcs, url: str, registry, records: RecordCollector):
-        self.dynamo, self.url, self.registry, self.records = dynamo, url, registry, records
-        #: Prompt-token checks whose joined record the collector did not get.
-        self.uncollected_checks = 0
+    def __init__(self, dynamo: Dynamo, url: str, registry, taps: dict[str, TapSubscriber]) -> None:
+        self.dynamo, self.url, self.registry, self.taps = dynamo, url, registry, taps
+
+    async def records(self, tap: str, request_ids: list[str], timeout: float = 30) -> dict:
+        """The tap's record of each request; fails naming the missing ones."""
+        return await self.taps[tap].wait_requests(request_ids, timeout)
+
+    def with_usage(self) -> int:
+        """Joined records whose response carries ``usage.prompt_tokens``."""
+        records = self.taps[JOINED].received().records
+        return sum(
+            type((r["response"].get("usage") or {}).get("prompt_tokens")) is int for r in records
+        )
 
     def metric(self, name: str) -> float:
         """The sum of a relayed worker counter over its labels."""
@@ -179,70 +106,25 @@ class Stack:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack(dynamo: DynamoProcs):
-    """The proxy in front of Dynamo, its taps read by a ``RecordCollector``."""
-    ports = {JOINED: free_port(), REQUESTS: free_port()}
-    taps = [
-        {
-            "name": REQUESTS,
-            "topic": REQUESTS,
-            "capture": "request",
-            "filters": ["tokens-only"],
-            "endpoint": f"tcp://127.0.0.1:{ports[REQUESTS]}",
-            "capacity": 4096,
-        },
-        {
-            "name": JOINED,
-            "topic": JOINED,
-            "capture": "request_response",
-            "emit": "joined",
-            "endpoint": f"tcp://127.0.0.1:{ports[JOINED]}",
-            "capacity": 4096,
-        },
-    ]
-    models = [
-        {"name": "deepseek", "tokenizer": str(MODELS / "deepseek")},
-        {"name": "chatml", "tokenizer": str(MODELS / "chatml")},
-        {"name": "deepseek-slow", "tokenizer": str(MODELS / "deepseek")},
-    ]
+async def stack(dynamo: Dynamo):
+    """The proxy in front of Dynamo with the reference taps, each read by a
+    ``TapSubscriber`` that has seen its tap's heartbeat before any request."""
+    taps = reference_taps([reserve_endpoint() for _ in TAP_NAMES])
+    models = {
+        "deepseek": MODELS / "deepseek",
+        "chatml": MODELS / "chatml",
+        "deepseek-slow": MODELS / "deepseek",
+    }
     config = proxy_config(dynamo.base_url, models=models, taps=taps)
-    records = RecordCollector([f"tcp://127.0.0.1:{p}" for p in ports.values()], list(ports))
+    subscribers = {t["name"]: TapSubscriber(t["endpoint"], t["topic"]) for t in taps}
     try:
         async with run_proxy(config) as (url, registry, _app):
-            stack = Stack(dynamo, url, registry, records)
-            probes = await _subscribed(stack)
-            # Each probe is one prompt-token check; the first records may have gone
-            # out before the subscription reached the tap (not collected).
-            checks = "shadow_prompt_token_checks_total"
-            try:
-                await wait_for(lambda: stack.metric(checks) == probes, timeout=10)
-            except pytest.fail.Exception:
-                pytest.fail(f"{checks} = {stack.metric(checks)} after {probes} probes")
-            stack.uncollected_checks = probes - records.with_usage()
-            yield stack
+            for subscriber in subscribers.values():
+                await subscriber.wait_heartbeats(timeout=30)
+            yield Stack(dynamo, url, registry, subscribers)
     finally:
-        records.close()
-
-
-async def _subscribed(stack: Stack) -> int:
-    """Send probes until both taps' records arrive (ZeroMQ's slow joiner); returns
-    how many were sent."""
-    async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-        deadline = time.monotonic() + 30
-        probes = 0
-        while time.monotonic() < deadline:
-            probes += 1
-            body = {
-                "model": "deepseek",
-                "max_tokens": 1,
-                "messages": [{"role": "user", "content": "probe"}],
-            }
-            rid = (await send(session, stack.url, "chat", body)).request_id
-            with contextlib.suppress(pytest.fail.Exception):
-                await stack.records.wait_records(JOINED, [rid], timeout=1)
-                await stack.records.wait_records(REQUESTS, [rid], timeout=1)
-                return probes
-        pytest.fail("the taps' records never reached the SUB socket")
+        for subscriber in subscribers.values():
+            subscriber.close()
 
 
 # --------------------------------------------------------------------------- clients
@@ -453,9 +335,10 @@ class TestPromptFidelity:
         ids = [a.request_id for a in answers]
         by_id = {a.request_id: r for r, a in zip(requests, answers, strict=True)}
         try:
-            joined = await stack.records.wait_records(JOINED, ids)
-        except pytest.fail.Exception:
-            lost = [by_id[i] for i in ids if stack.records.record(JOINED, i) is None]
+            joined = await stack.records(JOINED, ids)
+        except WaitTimeout:
+            arrived = {r["request_id"] for r in stack.taps[JOINED].received().records}
+            lost = [by_id[i] for i in ids if i not in arrived]
             not_mirrored = {
                 s.labels["reason"]: s.value
                 for f in stack.registry.collect()
@@ -463,7 +346,7 @@ class TestPromptFidelity:
                 if s.name == "shadow_not_mirrored_total"
             }
             pytest.fail(f"not mirrored {not_mirrored}: {lost}")
-        plain = await stack.records.wait_records(REQUESTS, ids)
+        plain = await stack.records(REQUESTS, ids)
 
         mismatched = []
         for (api, body), answer in zip(requests, answers, strict=True):
@@ -478,16 +361,13 @@ class TestPromptFidelity:
                 mismatched.append((api, body, rebuilt, reported))
         assert not mismatched, f"{len(mismatched)} of {len(requests)}: {mismatched[:3]}"
 
-        # Every joined record with usage so far is one check (the probes included);
-        # the worker relays its counters once a second.
-        await wait_for(
-            lambda: (
-                stack.metric("shadow_prompt_token_checks_total")
-                == stack.records.with_usage() + stack.uncollected_checks
-            ),
+        # Every joined record with usage so far is one check; the worker relays
+        # its counters once a second.
+        await wait_until(
+            lambda: stack.metric("shadow_prompt_token_checks_total") == stack.with_usage(),
             timeout=10,
         )
-        assert stack.records.with_usage() >= len(requests)
+        assert stack.with_usage() >= len(requests)
         assert stack.metric("shadow_prompt_token_mismatches_total") == 0
 
 
@@ -528,7 +408,7 @@ class TestOutcomes:
         assert all(a.status == 200 for a in answers)
         if stream:
             assert all(a.body.rstrip().endswith(b"data: [DONE]") for a in answers)
-        records = await stack.records.wait_records(JOINED, [a.request_id for a in answers])
+        records = await stack.records(JOINED, [a.request_id for a in answers])
         assert len(records) == 200
         outcomes = [r["response"]["outcome"] for r in records.values()]
         assert outcomes.count("complete") == 200, outcomes
@@ -540,7 +420,9 @@ class TestOutcomes:
     async def test_mocker_killed_mid_stream(self, stack: Stack) -> None:
         """SIGKILL of the engine: ``error`` records for the requests in flight, and the
         proxy keeps serving."""
-        slow = stack.dynamo.add_mocker(MODELS / "deepseek", "deepseek-slow", speedup=SLOW_SPEEDUP)
+        slow = await stack.dynamo.add_mocker(
+            MODELS / "deepseek", "deepseek-slow", speedup=SLOW_SPEEDUP
+        )
         in_flight = 4
         started = [asyncio.Event() for _ in range(in_flight)]
 
@@ -571,7 +453,7 @@ class TestOutcomes:
         for _, data in ended:
             assert b'"finish_reason":"length"' not in data
             assert b"Service temporarily unavailable" in data
-        records = await stack.records.wait_records(JOINED, [rid for rid, _ in ended])
+        records = await stack.records(JOINED, [rid for rid, _ in ended])
         for record in records.values():
             response = record["response"]
             assert response["outcome"] == "error", response
@@ -592,7 +474,7 @@ class TestOutcomes:
             answer = await send(session, stack.url, "chat", body)
         assert answer.status == 200
         assert answer.body.rstrip().endswith(b"data: [DONE]")
-        record = (await stack.records.wait_records(JOINED, [answer.request_id]))[answer.request_id]
+        record = (await stack.records(JOINED, [answer.request_id]))[answer.request_id]
         assert record["response"]["outcome"] == "complete"
 
 
@@ -602,7 +484,7 @@ class TestOutcomes:
 class TestDemo:
     """Issue 6: the demo's three reference runs in front of Dynamo hold their accounting."""
 
-    def test_reference_runs(self, dynamo: DynamoProcs, tmp_path: Path) -> None:
+    def test_reference_runs(self, dynamo: Dynamo, tmp_path: Path) -> None:
         """``shadow-proxy demo --frontend`` (its own proxy and consumers, as
         processes) against the module's Dynamo; the tables are printed (``-s``)
         and kept in ``demo-tables.txt`` of the test's tmp dir."""

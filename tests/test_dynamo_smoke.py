@@ -1,4 +1,4 @@
-"""Smoke test against the real Dynamo 1.6.1 frontend + mocker (see tests/dynamo_harness.py)."""
+"""Smoke test against the real Dynamo 1.6.1 frontend + mocker (``devtools/dynamo.py``)."""
 
 from __future__ import annotations
 
@@ -6,23 +6,25 @@ import json
 import urllib.request
 
 import pytest
+import pytest_asyncio
 
+from shadow_proxy.devtools.dynamo import REPO, start_dynamo
 from tests.conftest import require_dynamo
-from tests.dynamo_harness import REPO, start_dynamo
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(180)]
 
 MODEL_DIR = REPO / ".models" / "deepseek"
 
 
-@pytest.fixture(scope="module")
-def dynamo(tmp_path_factory: pytest.TempPathFactory):
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dynamo(tmp_path_factory: pytest.TempPathFactory):
     require_dynamo()
     if not (MODEL_DIR / "tokenizer.json").exists():
         pytest.fail(f"{MODEL_DIR} missing; run `python -m shadow_proxy.devtools.modeldirs .models`")
-    procs = start_dynamo(MODEL_DIR, "deepseek", tmp_path_factory.mktemp("dynamo"), speedup=1000)
-    yield procs
-    procs.stop()
+    scratch = tmp_path_factory.mktemp("dynamo")
+    dynamo = await start_dynamo(MODEL_DIR, "deepseek", scratch, speedup=1000)
+    yield dynamo
+    await dynamo.aclose()
 
 
 def _post(url: str, body: dict) -> dict:

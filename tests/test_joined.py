@@ -11,7 +11,6 @@ request reached a tap twice and no ``seq`` was skipped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -23,8 +22,6 @@ import attrs
 import openai
 import pytest
 import pytest_asyncio
-import zmq
-import zmq.asyncio
 from aiohttp import web
 
 from shadow_proxy.devtools.frontend import (
@@ -34,11 +31,12 @@ from shadow_proxy.devtools.frontend import (
     load_models,
     serve_mock_frontend,
 )
+from shadow_proxy.devtools.processes import reserve_endpoint, wait_until
 from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.records.wire import Heartbeat, decode_envelope, decode_frames, heartbeat_topic
 from shadow_proxy.worker.request.tokenizer import LoadedModel, load_model
 from shadow_proxy.worker.response.recorder import ResponseRecorder
-from tests.conftest import free_port, proxy_config, run_proxy, wait_for
+from tests.conftest import proxy_config, run_proxy
+from tests.support.subscriber import TapSubscriber
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 
@@ -56,60 +54,13 @@ RECORD_WAIT_S = 10.0
 # --------------------------------------------------------------------------- readers
 
 
-class TapReader:
-    """One tap's SUB socket: every record in arrival order, and the last heartbeat."""
-
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str, topic: str):
-        self.topic = topic
-        self.heartbeat_topic = heartbeat_topic(topic)
-        self.records: list[dict[str, Any]] = []
-        self.heartbeat: Heartbeat | None = None
-        self.heartbeats = 0
-        self.socket = context.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self.socket.connect(endpoint)
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            message = decode_frames(await self.socket.recv_multipart())
-            if message.topic == self.heartbeat_topic:
-                self.heartbeat = Heartbeat.decode(message.payload)
-                self.heartbeats += 1
-            elif message.topic == self.topic:
-                self.records.append(decode_envelope(message.payload))
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        self.socket.close(linger=0)
-
-    async def joined(self) -> None:
-        """Past the slow-joiner window: a heartbeat has arrived."""
-        await wait_for(lambda: self.heartbeats > 0, timeout=10)
-
-    def of(self, request_id: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r["request_id"] == request_id]
-
-    async def expect(self, *request_ids: str) -> dict[str, dict[str, Any]]:
-        """Wait until each request has its record; exactly one each. Returns
-        each request's ``response`` map."""
-        await wait_for(lambda: all(self.of(i) for i in request_ids), timeout=RECORD_WAIT_S)
-        found = {i: self.of(i) for i in request_ids}
-        assert {i: len(r) for i, r in found.items()} == dict.fromkeys(request_ids, 1)
-        return {i: r[0]["response"] for i, r in found.items()}
-
-    async def settled(self) -> Heartbeat:
-        """Wait for a heartbeat that accounts for every record received (a
-        record sent twice would take a second ``seq``), and return it."""
-
-        def caught_up() -> Heartbeat | None:
-            beat = self.heartbeat
-            return beat if beat is not None and beat.published == len(self.records) else None
-
-        return await wait_for(caught_up, timeout=RECORD_WAIT_S)
+async def expect(reader: TapSubscriber, *request_ids: str) -> dict[str, dict[str, Any]]:
+    """Wait until each request has its record on ``reader``; exactly one each.
+    Returns each request's ``response`` map."""
+    await reader.wait_requests(request_ids, RECORD_WAIT_S)
+    found = {i: reader.of(i) for i in request_ids}
+    assert {i: len(r) for i, r in found.items()} == dict.fromkeys(request_ids, 1)
+    return {i: r[0]["response"] for i, r in found.items()}
 
 
 @attrs.define
@@ -118,13 +69,13 @@ class Stack:
 
     url: str
     frontend: web.Application
-    full: TapReader
-    lean: TapReader
+    full: TapSubscriber
+    lean: TapSubscriber
     model: LoadedModel
     client: openai.AsyncOpenAI
     session: aiohttp.ClientSession
 
-    def readers(self) -> tuple[TapReader, TapReader]:
+    def readers(self) -> tuple[TapSubscriber, TapSubscriber]:
         return self.full, self.lean
 
     def decode(self, ids: list[int]) -> str:
@@ -132,8 +83,8 @@ class Stack:
 
     async def records(self, *request_ids: str) -> list[tuple[dict, dict]]:
         """Per request, its record on the full tap and on the lean tap."""
-        full = await self.full.expect(*request_ids)
-        lean = await self.lean.expect(*request_ids)
+        full = await expect(self.full, *request_ids)
+        lean = await expect(self.lean, *request_ids)
         return [(full[i], lean[i]) for i in request_ids]
 
 
@@ -181,48 +132,40 @@ async def frontend(
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def zmq_context() -> AsyncIterator[zmq.asyncio.Context]:
-    context = zmq.asyncio.Context()
-    yield context
-    context.term()
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(
     frontend: tuple[str, web.Application],
     model_dirs: dict[str, Path],
     loaded: LoadedModel,
-    zmq_context: zmq.asyncio.Context,
 ) -> AsyncIterator[Stack]:
     """The proxy with two joined taps: ``full`` (ids, text, chunk timing) and
     ``lean`` (ids capped at ``LEAN_MAX_TOKENS``, no text, no timing)."""
-    full_at = f"tcp://127.0.0.1:{free_port()}"
-    lean_at = f"tcp://127.0.0.1:{free_port()}"
+    full_at = reserve_endpoint()
+    lean_at = reserve_endpoint()
     config = proxy_config(
         frontend[0],
         upstream={"read_timeout_s": READ_TIMEOUT_S},
-        models=[{"name": MODEL, "tokenizer": str(model_dirs[MODEL])}],
+        models={MODEL: model_dirs[MODEL]},
         taps=[
             tap("full", full_at, text=True, chunk_timing=True),
             tap("lean", lean_at, max_tokens=LEAN_MAX_TOKENS),
         ],
     )
     async with run_proxy(config) as (url, _registry, _app):
-        full = TapReader(zmq_context, full_at, "shadow-requests-full")
-        lean = TapReader(zmq_context, lean_at, "shadow-requests-lean")
+        full = TapSubscriber(full_at, "shadow-requests-full")
+        lean = TapSubscriber(lean_at, "shadow-requests-lean")
         client = openai.AsyncOpenAI(
             base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20
         )
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
         try:
-            await full.joined()
-            await lean.joined()
+            await full.wait_heartbeats()
+            await lean.wait_heartbeats()
             yield Stack(url, frontend[1], full, lean, loaded, client, session)
         finally:
             await session.close()
             await client.close()
-            await full.close()
-            await lean.close()
+            full.close()
+            lean.close()
 
 
 # --------------------------------------------------------------------------- checks
@@ -490,7 +433,7 @@ class TestCancelled:
             e["choices"][0]["delta"]["content"] for e in arrived
         ))  # fmt: skip
         # The frontend stopped generating too.
-        await wait_for(lambda: stats.requests_cancelled > cancelled_before)
+        await wait_until(lambda: stats.requests_cancelled > cancelled_before)
 
 
 class TestErrors:
@@ -653,7 +596,7 @@ class TestCancellationRun:
             assert full["output_tokens"] >= 3
         for reader, count in zip(stack.readers(), before, strict=True):
             assert len(reader.records) == count + 40
-            beat = await reader.settled()
+            beat = await reader.wait_settled(RECORD_WAIT_S)
             assert beat.next_seq == beat.queued == beat.published == len(reader.records)
             assert not beat.dropped and beat.publish_errors == 0
 
@@ -698,21 +641,20 @@ class TestShutdown:
         self,
         frontend: tuple[str, web.Application],
         model_dirs: dict[str, Path],
-        zmq_context: zmq.asyncio.Context,
     ):
-        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        endpoint = reserve_endpoint()
         config = proxy_config(
             frontend[0],
-            models=[{"name": MODEL, "tokenizer": str(model_dirs[MODEL])}],
+            models={MODEL: model_dirs[MODEL]},
             taps=[tap("stop", endpoint)],
         )
         rid = new_id("shutdown")
         body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2000, "stream": True}
-        reader = TapReader(zmq_context, endpoint, "shadow-requests-stop")
+        reader = TapSubscriber(endpoint, "shadow-requests-stop")
         try:
             async with aiohttp.ClientSession() as session:
                 async with run_proxy(config) as (url, _, _):
-                    await reader.joined()
+                    await reader.wait_heartbeats()
                     response = await session.post(
                         url + "/v1/chat/completions", json=body, headers=headers(rid)
                     )
@@ -723,17 +665,17 @@ class TestShutdown:
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await response.read()
                 response.release()
-            [record] = (await reader.expect(rid)).values()
+            [record] = (await expect(reader, rid)).values()
             assert record["outcome"] == "error"
             assert record["error"] == "proxy shut down"
             assert record["http_status"] == 200
             assert 3 <= record["output_tokens"] < 2000
             check_offsets(record)
-            beat = await reader.settled()
+            beat = await reader.wait_settled(RECORD_WAIT_S)
             assert beat.next_seq == beat.published == 1
             assert [r["seq"] for r in reader.records] == [0]
         finally:
-            await reader.close()
+            reader.close()
 
 
 class TestExactlyOnce:
@@ -759,7 +701,7 @@ class TestExactlyOnce:
         outcomes = [(full["outcome"], lean["outcome"]) for full, lean in records]
         assert outcomes == [("complete",) * 2, ("error",) * 2, ("cancelled",) * 2]
         for reader in stack.readers():
-            beat = await reader.settled()
+            beat = await reader.wait_settled(RECORD_WAIT_S)
             seqs = [r["seq"] for r in reader.records]
             assert seqs == list(range(len(seqs)))
             assert beat.next_seq == len(seqs)

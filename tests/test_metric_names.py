@@ -12,7 +12,8 @@ import yaml
 
 from shadow_proxy.devtools.frontend import MockConfig
 from shadow_proxy.devtools.frontend import make_app as mock_app
-from tests.conftest import ROOT, free_port, proxy_config, run_proxy, serve, wait_for
+from shadow_proxy.devtools.processes import reserve_endpoint, wait_until
+from tests.conftest import ROOT, proxy_config, run_proxy, serve
 
 NAME = re.compile(r"\bshadow_[a-z_]+[a-z]\b")
 SUFFIXES = ("_bucket", "_count", "_sum", "_created")
@@ -52,12 +53,12 @@ def exported(model_dirs) -> set[str]:
         async with serve(mock_app(MockConfig(models={"deepseek": model_dirs["deepseek"]}))) as fe:
             config = proxy_config(
                 fe,
-                models=[{"name": "deepseek", "tokenizer": str(model_dirs["deepseek"])}],
+                models={"deepseek": model_dirs["deepseek"]},
                 taps=[
                     {"name": "kv", "capture": "request",
-                     "endpoint": f"tcp://127.0.0.1:{free_port()}"},
+                     "endpoint": reserve_endpoint()},
                     {"name": "replay", "capture": "request_response",
-                     "endpoint": f"tcp://127.0.0.1:{free_port()}"},
+                     "endpoint": reserve_endpoint()},
                 ],
             )  # fmt: skip
             async with run_proxy(config) as (url, registry, _), aiohttp.ClientSession() as s:
@@ -71,7 +72,7 @@ def exported(model_dirs) -> set[str]:
                 async with s.post(url + "/v1/chat/completions", json=body) as r:
                     await r.read()
                 published = {"tap": "replay"}
-                await wait_for(
+                await wait_until(
                     lambda: registry.get_sample_value("shadow_tap_published_total", published),
                     timeout=30,
                 )

@@ -29,6 +29,7 @@ from shadow_proxy.devtools.frontend import (
     serve_mock_frontend,
 )
 from shadow_proxy.devtools.modeldirs import build_all
+from shadow_proxy.devtools.processes import wait_until
 
 MODELS_ROOT = Path(__file__).resolve().parents[1] / ".models"
 MODEL_NAMES = ("deepseek", "chatml")
@@ -105,15 +106,6 @@ def stats_of(server: Server) -> dict[str, int]:
         "tokens": stats.tokens_generated,
         "in_flight": stats.in_flight,
     }
-
-
-async def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``predicate`` until it holds; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
-        await asyncio.sleep(0.01)
 
 
 def fault(text: str) -> dict[str, Any]:
@@ -533,7 +525,7 @@ class TestFaults:
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(resp.content.read(1), 0.3)
             assert stats_of(server)["in_flight"] == 1
-        await wait_for(lambda: stats_of(server)["cancelled"] == 1)
+        await wait_until(lambda: stats_of(server)["cancelled"] == 1)
         assert stats_of(server)["in_flight"] == 0
         assert stats_of(server)["tokens"] == 0
 
@@ -543,7 +535,7 @@ class TestFaults:
         ) as c:
             with pytest.raises(openai.APITimeoutError):
                 await c.chat.completions.create(model="deepseek", messages=HELLO, **fault("hang"))
-        await wait_for(lambda: stats_of(server)["cancelled"] == 1)
+        await wait_until(lambda: stats_of(server)["cancelled"] == 1)
 
     async def test_unfinished_choice(self, client: openai.AsyncOpenAI, server: Server) -> None:
         stream = await client.chat.completions.create(
@@ -588,7 +580,7 @@ class TestCancellation:
             await resp.content.readuntil(b"\n\n")
             await resp.content.readuntil(b"\n\n")
             resp.close()
-        await wait_for(lambda: stats_of(server)["cancelled"] == 1)
+        await wait_until(lambda: stats_of(server)["cancelled"] == 1)
         tokens = stats_of(server)["tokens"]
         await asyncio.sleep(0.1)
         assert stats_of(server)["tokens"] == tokens
@@ -605,7 +597,7 @@ class TestCancellation:
         ) as c:
             with pytest.raises(openai.APITimeoutError):
                 await c.chat.completions.create(model="deepseek", messages=HELLO, max_tokens=500)
-        await wait_for(lambda: stats_of(server)["cancelled"] == 1)
+        await wait_until(lambda: stats_of(server)["cancelled"] == 1)
         assert stats_of(server)["tokens"] < 100
 
     async def test_ttft_and_itl(self, start: Callable[..., Awaitable[Server]]) -> None:

@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from tests.conftest import proxy_config, run_proxy, serve, wait_for
+from shadow_proxy.devtools.processes import reserve_port, wait_until
+from tests.conftest import proxy_config, run_proxy, serve
 
 SSE_EVENTS = [
     b'data: {"id":"c1","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n',
@@ -251,7 +252,7 @@ class TestProxyAnswers:
     """The proxy answers itself only when the frontend cannot, as OpenAI-style JSON."""
 
     async def test_502_when_unreachable(self):
-        config = proxy_config(f"http://127.0.0.1:{_closed_port()}")
+        config = proxy_config(f"http://127.0.0.1:{reserve_port()}")
         async with run_proxy(config) as (purl, registry, _), aiohttp.ClientSession() as s:
             status, headers, body = await fetch(
                 s, "POST", purl + "/v1/chat/completions", data=b"{}"
@@ -344,9 +345,9 @@ class TestDisconnect:
             data += await asyncio.wait_for(reader.read(4096), 5)
         closed_at = time.monotonic()
         writer.transport.abort()
-        await wait_for(lambda: frontend.cancelled, timeout=2)
+        await wait_until(lambda: frontend.cancelled, timeout=2)
         assert frontend.cancelled[0] - closed_at < 0.1
-        await wait_for(
+        await wait_until(
             lambda: registry.get_sample_value(
                 "shadow_proxy_client_disconnects_total", {"route": "other"}
             )
@@ -363,7 +364,7 @@ class TestOwnEndpoints:
             assert (await fetch(s, "GET", purl + "/readyz"))[0] == 200
 
     async def test_readyz_503_when_frontend_down(self):
-        config = proxy_config(f"http://127.0.0.1:{_closed_port()}")
+        config = proxy_config(f"http://127.0.0.1:{reserve_port()}")
         async with run_proxy(config) as (purl, _, _), aiohttp.ClientSession() as s:
             assert (await fetch(s, "GET", purl + "/healthz"))[0] == 200
             assert (await fetch(s, "GET", purl + "/readyz"))[0] == 503
@@ -388,14 +389,6 @@ class TestOwnEndpoints:
         assert value("shadow_proxy_request_duration_seconds_bucket",
                      {"route": "chat", "le": "1200.0"}) == 1  # fmt: skip
         assert value("shadow_proxy_in_flight_requests") == 0
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _full_backlog() -> tuple[socket.socket, list[socket.socket]]:

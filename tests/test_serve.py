@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import aiohttp
@@ -16,11 +14,19 @@ from aiohttp import web
 
 from shadow_proxy.devtools.frontend import MockConfig
 from shadow_proxy.devtools.frontend import make_app as mock_app
-from tests.conftest import free_port, proxy_config, run_proxy, serve, wait_for
+from shadow_proxy.devtools.processes import (
+    Child,
+    WaitTimeout,
+    cli_argv,
+    reserve_port,
+    wait_http_ok,
+    wait_until,
+)
+from tests.conftest import proxy_config, run_proxy, serve
 
 
-def start_serve(tmp_path, upstream: str, grace: float) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+def start_serve(tmp_path, upstream: str, grace: float) -> tuple[Child, str]:
+    port = reserve_port()
     config = tmp_path / "proxy.yaml"
     config.write_text(
         "schema_version: 1\n"
@@ -28,27 +34,8 @@ def start_serve(tmp_path, upstream: str, grace: float) -> tuple[subprocess.Popen
         f"upstream: {{url: '{upstream}'}}\n"
         f"shutdown_grace_s: {grace}\n"
     )
-    with open(tmp_path / "proxy.log", "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "shadow_proxy.cli", "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    return process, f"http://127.0.0.1:{port}"
-
-
-async def wait_ready(url: str, process: subprocess.Popen) -> None:
-    async with aiohttp.ClientSession() as s:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert process.poll() is None, "the proxy exited while starting"
-            try:
-                async with s.get(url + "/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.05)
-        pytest.fail("proxy did not start")
+    proxy = Child("proxy", cli_argv("serve", "--config", str(config), log_level=None), tmp_path)
+    return proxy.start(), f"http://127.0.0.1:{port}"
 
 
 def slow_frontend(seconds: float) -> web.Application:
@@ -74,41 +61,33 @@ class TestSigterm:
 
     async def test_in_flight_stream_finishes_and_new_connections_refused(self, tmp_path):
         async with serve(slow_frontend(1.5)) as upstream:
-            process, url = start_serve(tmp_path, upstream, grace=10)
-            try:
-                await wait_ready(url, process)
+            proxy, url = start_serve(tmp_path, upstream, grace=10)
+            with proxy:
+                await wait_http_ok(url + "/healthz", 30, children=[proxy])
                 async with aiohttp.ClientSession() as s, s.get(url + "/stream") as r:
                     first = await r.content.readline()
                     assert first.startswith(b"data: 0")
-                    process.send_signal(signal.SIGTERM)
+                    proxy.signal(signal.SIGTERM)
                     body = first + await r.read()
                 assert body.rstrip().endswith(b"data: [DONE]")
                 with pytest.raises(aiohttp.ClientConnectionError):
                     async with aiohttp.ClientSession() as s2, s2.get(url + "/healthz"):
                         pass
-                assert await asyncio.to_thread(process.wait, 10) == 0
-            finally:
-                if process.poll() is None:
-                    process.kill()
-                process.wait()
+                assert await asyncio.to_thread(proxy.wait, 10) == 0
 
     async def test_grace_expiry_cuts_the_stream_and_exits_0(self, tmp_path):
         async with serve(slow_frontend(30)) as upstream:
-            process, url = start_serve(tmp_path, upstream, grace=0.5)
-            try:
-                await wait_ready(url, process)
+            proxy, url = start_serve(tmp_path, upstream, grace=0.5)
+            with proxy:
+                await wait_http_ok(url + "/healthz", 30, children=[proxy])
                 async with aiohttp.ClientSession() as s, s.get(url + "/stream") as r:
                     await r.content.readline()
                     started = time.monotonic()
-                    process.send_signal(signal.SIGTERM)
+                    proxy.signal(signal.SIGTERM)
                     with pytest.raises(aiohttp.ClientPayloadError):
                         await r.read()
-                assert await asyncio.to_thread(process.wait, 10) == 0
+                assert await asyncio.to_thread(proxy.wait, 10) == 0
                 assert time.monotonic() - started < 5
-            finally:
-                if process.poll() is None:
-                    process.kill()
-                process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -173,16 +152,16 @@ def test_config_error_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema_version: 1\nupstream: {url: 'http://x'}\nlisten: {prot: 1}\n")
     result = subprocess.run(
-        [sys.executable, "-m", "shadow_proxy.cli", "serve", "--config", str(bad)],
+        cli_argv("serve", "--config", str(bad), log_level=None),
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ},
+        check=False,
     )
     assert result.returncode == 2
     assert f"{bad}:3: 'listen.prot' is not a known key" in result.stderr
 
 
-async def test_wait_for_helper_fails_on_timeout():
-    with pytest.raises(pytest.fail.Exception):
-        await wait_for(lambda: False, timeout=0.05)
+async def test_wait_until_fails_on_timeout():
+    with pytest.raises(WaitTimeout, match=r"nothing: not within 0\.05 s"):
+        await wait_until(lambda: False, timeout=0.05, what="nothing")

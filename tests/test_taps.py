@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,14 +21,22 @@ from typing import Any
 
 import aiohttp
 import pytest
-import zmq
 
 from shadow_proxy.config import Config
+from shadow_proxy.devtools import reference_taps
 from shadow_proxy.devtools.frontend import MockConfig
 from shadow_proxy.devtools.frontend import make_app as mock_app
-from shadow_proxy.records import wire
+from shadow_proxy.devtools.processes import (
+    Child,
+    cli_argv,
+    reserve_endpoint,
+    reserve_port,
+    wait_http_ok,
+    wait_until,
+)
 from shadow_proxy.serving.app import HANDLER, TAPS
-from tests.conftest import ROOT, free_port, proxy_config, run_proxy, serve, wait_for
+from tests.conftest import ROOT, proxy_config, run_proxy, serve
+from tests.support.subscriber import TapSubscriber, read_lines
 
 SECRET = "sk-test-SECRET-7f3a9c"
 #: Worker start-up (spawn, import transformers, load the tokenizer) on a busy machine.
@@ -39,66 +46,17 @@ START_S = 60.0
 # -- helpers --------------------------------------------------------------------------
 
 
-#: SUB sockets of the running test, closed by the ``zmq_context`` fixture.
-OPEN_SOCKETS: list[zmq.Socket] = []
-
-
-class Sub:
-    """A SUB socket on one tap: records and heartbeats, decoded, raw frames kept."""
-
-    def __init__(self, context: zmq.Context, endpoint: str, topic: str):
-        self.topic = topic
-        self.socket = context.socket(zmq.SUB)
-        OPEN_SOCKETS.append(self.socket)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.connect(endpoint)
-        self.socket.subscribe(topic.encode())
-        self.records: list[dict[str, Any]] = []
-        self.messages: list[wire.Message] = []
-        self.heartbeats: list[tuple[wire.Message, wire.Heartbeat]] = []
-        self.raw = bytearray()
-
-    def poll(self) -> None:
-        while True:
-            try:
-                frames = self.socket.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            for frame in frames:
-                self.raw += frame
-            message = wire.decode_frames(frames)
-            if message.topic == wire.heartbeat_topic(self.topic):
-                self.heartbeats.append((message, wire.Heartbeat.decode(message.payload)))
-            else:
-                assert message.topic == self.topic
-                self.messages.append(message)
-                self.records.append(wire.decode_envelope(message.payload))
-
-    def got_heartbeat(self) -> bool:
-        self.poll()
-        return bool(self.heartbeats)
-
-    def has(self, n: int) -> bool:
-        self.poll()
-        return len(self.records) >= n
-
-    def last_heartbeat(self) -> wire.Heartbeat:
-        return self.heartbeats[-1][1]
-
-
 def tap(name: str, capture: str = "request", **extra: Any) -> dict[str, Any]:
     return {
         "name": name,
         "capture": capture,
-        "endpoint": f"tcp://127.0.0.1:{free_port()}",
+        "endpoint": reserve_endpoint(),
         **extra,
     }
 
 
 def taps_config(upstream: str, model_dirs: dict[str, Path], *taps: dict, **extra) -> Config:
-    models = [{"name": name, "tokenizer": str(path)} for name, path in model_dirs.items()]
-    return proxy_config(upstream, models=models, taps=list(taps), **extra)
+    return proxy_config(upstream, models=model_dirs, taps=taps, **extra)
 
 
 @pytest.fixture
@@ -107,20 +65,11 @@ async def frontend(model_dirs):
         yield url
 
 
-@pytest.fixture
-def zmq_context():
-    context = zmq.Context()
-    yield context
-    while OPEN_SOCKETS:
-        OPEN_SOCKETS.pop().close(linger=0)
-    context.term()
-
-
-async def subscribed(context: zmq.Context, config: Config) -> dict[str, Sub]:
-    """One SUB per tap, each connected (a heartbeat has arrived: no slow joiner)."""
-    subs = {t.name: Sub(context, t.endpoint, t.topic) for t in config.taps}
+async def subscribed(subscribe, config: Config) -> dict[str, TapSubscriber]:
+    """One subscriber per tap, each connected (a heartbeat has arrived: no slow joiner)."""
+    subs = {t.name: subscribe(t.endpoint, t.topic) for t in config.taps}
     for sub in subs.values():
-        await wait_for(sub.got_heartbeat, timeout=5)
+        await sub.wait_heartbeats(timeout=5)
     return subs
 
 
@@ -228,7 +177,7 @@ STOP_CONDITION_KEYS = {
 class TestRecords:
     """Records decode field for field as SPEC section 3 says."""
 
-    async def test_envelopes_field_for_field(self, frontend, model_dirs, zmq_context):
+    async def test_envelopes_field_for_field(self, frontend, model_dirs, subscribe):
         config = taps_config(
             frontend,
             model_dirs,
@@ -236,7 +185,7 @@ class TestRecords:
             tap("replay", "request_response", response={"text": True}),
         )
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             auth = {"Authorization": f"Bearer {SECRET}", "api-key": SECRET}
             sent: list[tuple[int, int, str, bytes, str]] = []
             async with aiohttp.ClientSession() as s:
@@ -263,7 +212,7 @@ class TestRecords:
                 assert status == 200, body
                 sent.append((before, time.time_ns(), rh["x-request-id"], body, "completions"))
             assert sent[0][2] == "client-chosen-id-0"
-            await wait_for(lambda: all(sub.has(len(sent)) for sub in subs.values()))
+            await wait_until(lambda: all(sub.has(len(sent)) for sub in subs.values()))
 
             for name, sub in subs.items():
                 assert seqs(sub.records) == list(range(len(sent)))
@@ -319,21 +268,21 @@ class TestRecords:
                 r["request"]["token_ids"] for r in subs["replay"].records
             ]
 
-    async def test_prompt_tokens_match_the_frontend_usage(self, frontend, model_dirs, zmq_context):
+    async def test_prompt_tokens_match_the_frontend_usage(self, frontend, model_dirs, subscribe):
         """The rebuilt prompt has as many tokens as the frontend counted."""
         config = taps_config(frontend, model_dirs, tap("kv"))
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             async with aiohttp.ClientSession() as s:
                 body = chat_body("How many tokens is this prompt, exactly?", stream=False)
                 body["messages"].insert(0, {"role": "system", "content": "Be brief."})
                 status, _, raw = await post(s, url, json=body)
             assert status == 200
             usage = json.loads(raw)["usage"]
-            await wait_for(lambda: subs["kv"].has(1))
+            await wait_until(lambda: subs["kv"].has(1))
             assert len(subs["kv"].records[0]["request"]["token_ids"]) == usage["prompt_tokens"]
 
-    async def test_no_client_header_reaches_a_record(self, frontend, model_dirs, zmq_context):
+    async def test_no_client_header_reaches_a_record(self, frontend, model_dirs, subscribe):
         """Authorization, api keys and cookies never appear in any frame of any tap."""
         config = taps_config(
             frontend,
@@ -342,7 +291,7 @@ class TestRecords:
             tap("all", "request_response", filters=["keep-worker-pins"], response={"text": True}),
         )
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             headers = {
                 "Authorization": f"Bearer {SECRET}",
                 "x-api-key": SECRET,
@@ -356,15 +305,14 @@ class TestRecords:
                         s, url, headers=headers, json=chat_body("hi", stream=stream)
                     )
                     assert status == 200
-            await wait_for(lambda: all(sub.has(2) for sub in subs.values()))
+            await wait_until(lambda: all(sub.has(2) for sub in subs.values()))
             # One more heartbeat so that its frames are searched too.
-            n = len(subs["all"].heartbeats)
-            await wait_for(lambda: subs["all"].got_heartbeat() and len(subs["all"].heartbeats) > n)
+            await subs["all"].wait_heartbeats(len(subs["all"].heartbeats) + 1)
             for sub in subs.values():
-                sub.poll()
-                assert sub.raw
-                assert SECRET.encode() not in bytes(sub.raw)
-                assert b"Bearer" not in bytes(sub.raw)
+                raw = sub.raw_bytes()
+                assert raw
+                assert SECRET.encode() not in raw
+                assert b"Bearer" not in raw
 
 
 # -- heartbeats, listing, metrics -------------------------------------------------------------
@@ -373,12 +321,12 @@ class TestRecords:
 class TestHeartbeats:
     """Every second each tap says its next seq and its counters on {topic}.heartbeat."""
 
-    async def test_every_second_with_next_seq_and_counters(self, frontend, model_dirs, zmq_context):
+    async def test_every_second_with_next_seq_and_counters(self, frontend, model_dirs, subscribe):
         config = taps_config(frontend, model_dirs, tap("kv"))
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             sub = subs["kv"]
-            first = sub.last_heartbeat()
+            first = sub.heartbeat
             assert first.tap == "kv"
             assert first.next_seq == 0
             assert first.last_transport_sequence is None
@@ -386,16 +334,15 @@ class TestHeartbeats:
                 for i in range(3):
                     status, _, body = await post(s, url, json=chat_body(f"q{i}"))
                     assert_sse_done(status, body)
-            await wait_for(lambda: sub.has(3))
-            n = len(sub.heartbeats)
-            await wait_for(lambda: sub.got_heartbeat() and len(sub.heartbeats) >= n + 3, timeout=8)
-            beats = sub.heartbeats
+            await wait_until(lambda: sub.has(3))
+            await sub.wait_heartbeats(len(sub.heartbeats) + 3, timeout=8)
+            beats = sub.received().heartbeats
             published = [m.published_at_ms for m, _ in beats]
             gaps = [b - a for a, b in itertools.pairwise(published)]
             assert all(700 <= g <= 1600 for g in gaps), gaps
             # Heartbeats keep a sequence of their own, from 0.
             assert [m.sequence for m, _ in beats] == list(range(len(beats)))
-            last = sub.last_heartbeat()
+            last = sub.heartbeat
             assert last.publisher_id == sub.messages[0].publisher_id == first.publisher_id
             assert last.next_seq == 3
             assert last.last_transport_sequence == 2
@@ -406,7 +353,7 @@ class TestHeartbeats:
 class TestListingAndMetrics:
     """/shadow/taps and the one /metrics show each tap's counters (relayed each second)."""
 
-    async def test_counters_per_tap(self, frontend, model_dirs, zmq_context):
+    async def test_counters_per_tap(self, frontend, model_dirs, subscribe):
         config = taps_config(
             frontend,
             model_dirs,
@@ -414,13 +361,13 @@ class TestListingAndMetrics:
             tap("replay", "request_response", capacity=7),
         )
         async with run_proxy(config) as (url, registry, app):
-            await subscribed(zmq_context, config)
+            await subscribed(subscribe, config)
             async with aiohttp.ClientSession() as s:
                 for i in range(4):
                     status, _, body = await post(s, url, json=chat_body(f"q{i}"))
                     assert_sse_done(status, body)
                 for name in ("kv", "replay"):
-                    await wait_for(
+                    await wait_until(
                         lambda n=name: sample(registry, "shadow_tap_published_total", tap=n) == 4,
                         timeout=5,
                     )
@@ -462,7 +409,7 @@ class TestSampling:
     """A request is in or out alike for every tap with the same fraction; skips are not drops."""
 
     async def test_same_fraction_same_requests_smaller_is_subset(
-        self, frontend, model_dirs, zmq_context
+        self, frontend, model_dirs, subscribe
     ):
         config = taps_config(
             frontend,
@@ -473,14 +420,14 @@ class TestSampling:
         )
         n = 40
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             ids = []
             async with aiohttp.ClientSession() as s:
                 for i in range(n):
                     status, headers, body = await post(s, url, json=chat_body(f"q{i}"))
                     assert_sse_done(status, body)
                     ids.append(headers["x-request-id"])
-            await wait_for(
+            await wait_until(
                 lambda: (
                     sample(registry, "shadow_tap_skipped_total", tap="quarter", reason="sample")
                     + sample(registry, "shadow_tap_queued_total", tap="quarter")
@@ -490,7 +437,7 @@ class TestSampling:
             )
             for name in subs:
                 taken = sample(registry, "shadow_tap_queued_total", tap=name)
-                await wait_for(lambda s=subs[name], k=taken: s.has(k))
+                await wait_until(lambda s=subs[name], k=taken: s.has(k))
             got = {name: [r["request_id"] for r in sub.records] for name, sub in subs.items()}
             for name, sub in subs.items():
                 assert seqs(sub.records) == list(range(len(sub.records)))  # skips take no seq
@@ -508,7 +455,7 @@ class TestSampling:
             assert 0 < len(got["quarter"]) < len(got["half-a"])
             assert set(got["half-a"]) <= set(ids)
 
-    async def test_prefix_keeps_conversations_together(self, frontend, model_dirs, zmq_context):
+    async def test_prefix_keeps_conversations_together(self, frontend, model_dirs, subscribe):
         """``sample_by: prefix``: turns sharing the first 64 tokens are kept or skipped together."""
         config = taps_config(
             frontend,
@@ -518,7 +465,7 @@ class TestSampling:
         )
         conversations, turns = 12, 3
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             conv_of: dict[str, int] = {}
             async with aiohttp.ClientSession() as s:
                 for c in range(conversations):
@@ -538,7 +485,7 @@ class TestSampling:
                 queued = sample(registry, "shadow_tap_queued_total", tap=name)
                 return skipped + queued == total and subs[name].has(int(queued))
 
-            await wait_for(lambda: settled("by-prefix") and settled("by-request"), timeout=5)
+            await wait_until(lambda: settled("by-prefix") and settled("by-request"), timeout=5)
             kept: dict[int, int] = {}
             for record in subs["by-prefix"].records:
                 assert len(record["request"]["token_ids"]) > 64
@@ -557,7 +504,7 @@ class TestSampling:
 class TestSelectFilters:
     """skip-multimodal, max-tokens=N and models skip requests, counted as skips."""
 
-    async def test_skips_counted_by_reason(self, frontend, model_dirs, zmq_context):
+    async def test_skips_counted_by_reason(self, frontend, model_dirs, subscribe):
         config = taps_config(
             frontend,
             model_dirs,
@@ -581,13 +528,13 @@ class TestSelectFilters:
             ],
         }
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             async with aiohttp.ClientSession() as s:
                 await post(s, url, json=chat_body("short text"))  # deepseek, short
                 await post(s, url, json=image)  # deepseek, an image
                 await post(s, url, json=chat_body("long " * 100))  # deepseek, > 40 tokens
                 await post(s, url, json=chat_body("short text", model="chatml"))  # chatml
-            await wait_for(lambda: subs["all"].has(4))
+            await wait_until(lambda: subs["all"].has(4))
 
             def models_of(name: str) -> list[str]:
                 return [r["request"]["model"] for r in subs[name].records]
@@ -595,8 +542,8 @@ class TestSelectFilters:
             def skipped(name: str, reason: str) -> float:
                 return sample(registry, "shadow_tap_skipped_total", tap=name, reason=reason)
 
-            await wait_for(lambda: skipped("chatml-only", "models") == 3, timeout=5)
-            await wait_for(
+            await wait_until(lambda: skipped("chatml-only", "models") == 3, timeout=5)
+            await wait_until(
                 lambda: (
                     subs["no-images"].has(3) and subs["short"].has(2) and subs["chatml-only"].has(1)
                 )
@@ -617,11 +564,11 @@ class TestSelectFilters:
 class TestNotMirrored:
     """Requests the worker cannot rebuild are forwarded untouched and counted by reason."""
 
-    async def test_unknown_model_and_invalid_json(self, frontend, model_dirs, zmq_context):
+    async def test_unknown_model_and_invalid_json(self, frontend, model_dirs, subscribe):
         config = taps_config(frontend, {"deepseek": model_dirs["deepseek"]}, tap("kv"))
         unknown = chat_body("hi", model="chatml")  # served by the frontend, not configured here
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             async with aiohttp.ClientSession() as s:
                 for kw in (
                     {"json": unknown},
@@ -637,14 +584,14 @@ class TestNotMirrored:
                         assert_sse_done(proxied[0], proxied[2])
                 status, _, body = await post(s, url, json=chat_body("fine"))
                 assert_sse_done(status, body)
-            await wait_for(
+            await wait_until(
                 lambda: (
                     sample(registry, "shadow_not_mirrored_total", reason="unknown_model") == 1
                     and sample(registry, "shadow_not_mirrored_total", reason="invalid_json") == 1
                 ),
                 timeout=5,
             )
-            await wait_for(lambda: subs["kv"].has(1))
+            await wait_until(lambda: subs["kv"].has(1))
             assert [r["request"]["model"] for r in subs["kv"].records] == ["deepseek"]
             assert subs["kv"].records[0]["seq"] == 0  # not mirrored: no seq taken
 
@@ -653,46 +600,22 @@ class TestNotMirrored:
 
 
 def write_proxy_config(tmp_path: Path, upstream: str, model_dir: Path, *taps: dict) -> tuple:
-    port = free_port()
-    lines = [
-        "schema_version: 1",
-        f"listen: {{host: 127.0.0.1, port: {port}}}",
-        f"upstream: {{url: '{upstream}'}}",
-        "shutdown_grace_s: 5",
-        f"models:\n  - {{name: deepseek, tokenizer: '{model_dir}'}}",
-        "taps:",
-    ]
-    for t in taps:
-        lines.append("  - " + "\n    ".join(f"{k}: {v!r}".replace("'", '"') for k, v in t.items()))
-    path = tmp_path / "proxy.yaml"
-    path.write_text("\n".join(lines) + "\n")
+    port = reserve_port()
+    mapping = reference_taps.proxy_config(
+        upstream, port=port, models={"deepseek": model_dir}, taps=taps, shutdown_grace_s=5
+    )
+    path = reference_taps.write_config(tmp_path / "proxy.yaml", mapping)
     return path, f"http://127.0.0.1:{port}"
 
 
-def start_proxy(tmp_path: Path, config_path: Path) -> subprocess.Popen:
-    with open(tmp_path / "proxy.log", "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "shadow_proxy.cli", "serve", "--config", str(config_path)],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            cwd=ROOT,
-        )
+def start_proxy(tmp_path: Path, config_path: Path) -> Child:
+    argv = cli_argv("serve", "--config", str(config_path), log_level=None)
+    return Child("proxy", argv, tmp_path, cwd=ROOT).start()
 
 
-async def wait_healthy(url: str, process: subprocess.Popen, timeout: float = START_S) -> None:
+async def wait_healthy(url: str, proxy: Child, timeout: float = START_S) -> None:
     """/healthz answers only after the taps started (the worker is ready)."""
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            assert process.poll() is None, "the proxy exited while starting"
-            try:
-                async with s.get(url + "/healthz") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.1)
-    pytest.fail("the proxy did not start")
+    await wait_http_ok(url + "/healthz", timeout, children=[proxy])
 
 
 def worker_pid(proxy_pid: int) -> int:
@@ -719,40 +642,6 @@ def metric_value(text: str, line_prefix: str) -> float:
     return 0.0
 
 
-SUBSCRIBER = """
-import sys, zmq
-from shadow_proxy.records import wire
-endpoint, topic, out = sys.argv[1:4]
-ctx = zmq.Context()
-sock = ctx.socket(zmq.SUB)
-sock.connect(endpoint)
-sock.subscribe(topic.encode())
-with open(out, "w", buffering=1) as f:
-    while True:
-        m = wire.decode_frames(sock.recv_multipart())
-        if m.topic == topic:
-            f.write(f"r {m.publisher_id} {wire.decode_envelope(m.payload)['seq']}\\n")
-        else:
-            h = wire.Heartbeat.decode(m.payload)
-            f.write(f"h {h.publisher_id} {h.next_seq} {sum(h.dropped.values())}"
-                    f" {h.dropped.get('full', 0)}\\n")
-"""
-
-
-def read_subscriber(path: Path) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """Received seqs and heartbeats (next_seq, dropped, full) from the subscriber's file."""
-    received, beats = [], []
-    if not path.exists():
-        return received, beats
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if parts[0] == "r" and len(parts) == 3:
-            received.append(int(parts[2]))
-        elif parts[0] == "h" and len(parts) == 5:
-            beats.append((int(parts[2]), int(parts[3]), int(parts[4])))
-    return received, beats
-
-
 @pytest.mark.slow
 class TestStalledConsumer:
     """A subscriber stopped by SIGSTOP costs the clients nothing; every loss is accounted."""
@@ -768,7 +657,7 @@ class TestStalledConsumer:
 
     @pytest.mark.timeout(180)
     async def test_sigstop_subscriber(self, tmp_path, model_dirs):
-        endpoint = f"tcp://127.0.0.1:{free_port()}"
+        endpoint = reserve_endpoint()
         topic = "shadow-requests-kv"
         async with serve(mock_app(MockConfig(models={"deepseek": model_dirs["deepseek"]}))) as up:
             config_path, url = write_proxy_config(
@@ -785,14 +674,13 @@ class TestStalledConsumer:
             )
             proxy = start_proxy(tmp_path, config_path)
             out = tmp_path / "subscriber.txt"
-            subscriber = subprocess.Popen(
-                [sys.executable, "-c", SUBSCRIBER, endpoint, topic, str(out)], cwd=ROOT
-            )
+            argv = [sys.executable, "-m", "tests.support.subscriber", endpoint, topic, str(out)]
+            subscriber = Child("subscriber", argv, tmp_path, cwd=ROOT).start()
             try:
                 await wait_healthy(url, proxy)
                 worker = worker_pid(proxy.pid)
-                await wait_for(lambda: read_subscriber(out)[1], timeout=20)
-                os.kill(subscriber.pid, signal.SIGSTOP)
+                await wait_until(lambda: read_lines(out)[1], timeout=20)
+                subscriber.signal(signal.SIGSTOP)
 
                 prompt = "word " * 2040
                 body = chat_body(prompt, max_tokens=2)
@@ -831,10 +719,7 @@ class TestStalledConsumer:
                         (listing["kv"],) = (await r.json())["taps"]
                     return listing["kv"]["next_seq"] >= self.REQUESTS
 
-                deadline = time.monotonic() + 60
-                while not await worker_caught_up():
-                    assert time.monotonic() < deadline, listing
-                    await asyncio.sleep(0.2)
+                await wait_until(worker_caught_up, timeout=60, interval=0.2)
                 caught_up = time.monotonic() - started
                 done.set()
                 await watcher
@@ -860,7 +745,7 @@ class TestStalledConsumer:
                 assert peak["proxy"] < self.PROXY_RSS_LIMIT_KIB, peak
                 assert peak["worker"] < self.WORKER_RSS_LIMIT_KIB, peak
 
-                os.kill(subscriber.pid, signal.SIGCONT)
+                subscriber.signal(signal.SIGCONT)
 
                 async def settled() -> bool:
                     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
@@ -868,7 +753,7 @@ class TestStalledConsumer:
                     return text
 
                 def accounted() -> tuple | None:
-                    received, beats = read_subscriber(out)
+                    received, beats = read_lines(out)
                     if not beats:
                         return None
                     next_seq, dropped, full = beats[-1]
@@ -876,7 +761,7 @@ class TestStalledConsumer:
                         return None
                     return received, next_seq, dropped, full
 
-                received, next_seq, dropped, full = await wait_for(accounted, timeout=30)
+                received, next_seq, dropped, full = await wait_until(accounted, timeout=30)
                 assert next_seq == self.REQUESTS  # one record (or one counted loss) each
                 assert len(set(received)) == len(received)  # none twice
                 missing = set(range(next_seq)) - set(received)
@@ -893,23 +778,22 @@ class TestStalledConsumer:
                 )
             finally:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(subscriber.pid, signal.SIGCONT)
+                    subscriber.signal(signal.SIGCONT)
                 subscriber.kill()
                 subscriber.wait(10)
-                proxy.terminate()
-                proxy.wait(30)
+                proxy.terminate(30)
 
 
 class TestWorkerKilled:
     """SIGKILL of the worker: clients see nothing; it is restarted and records flow again."""
 
     @pytest.mark.timeout(120)
-    async def test_restart(self, frontend, model_dirs, zmq_context):
+    async def test_restart(self, frontend, model_dirs, subscribe):
         config = taps_config(frontend, {"deepseek": model_dirs["deepseek"]}, tap("kv"))
         async with run_proxy(config) as (url, registry, app):
-            subs = await subscribed(zmq_context, config)
+            subs = await subscribed(subscribe, config)
             sub = subs["kv"]
-            old_publisher = sub.last_heartbeat().publisher_id
+            old_publisher = sub.heartbeat.publisher_id
             old_pid = app[TAPS].process.pid
             results: list[tuple[int, bytes]] = []
             stop = asyncio.Event()
@@ -925,14 +809,14 @@ class TestWorkerKilled:
             async with aiohttp.ClientSession() as s:
                 status, _, body = await post(s, url, json=chat_body("before"))
                 assert_sse_done(status, body)
-                await wait_for(lambda: sub.has(1))
+                await wait_until(lambda: sub.has(1))
                 tasks = [asyncio.create_task(load(s)) for _ in range(2)]
-                await wait_for(lambda: len(results) >= 10)
+                await wait_until(lambda: len(results) >= 10)
                 os.kill(old_pid, signal.SIGKILL)
-                await wait_for(
+                await wait_until(
                     lambda: sample(registry, "shadow_worker_restarts_total") == 1, timeout=5
                 )
-                await wait_for(
+                await wait_until(
                     lambda: app[TAPS].process.pid != old_pid and app[TAPS].handoff.worker_alive,
                     timeout=START_S,
                 )
@@ -944,24 +828,24 @@ class TestWorkerKilled:
                 dead = sample(registry, "shadow_handoff_dropped_total", reason="worker_dead")
                 assert dead > 0
 
-                await wait_for(
+                await wait_until(
                     lambda: (
-                        sub.got_heartbeat() and sub.last_heartbeat().publisher_id != old_publisher
+                        sub.heartbeat is not None and sub.heartbeat.publisher_id != old_publisher
                     ),
                     timeout=10,
                 )
-                new_publisher = sub.last_heartbeat().publisher_id
+                new_publisher = sub.heartbeat.publisher_id
                 status, headers, body = await post(s, url, json=chat_body("after"))
                 assert_sse_done(status, body)
                 request_id = headers["x-request-id"]
-                await wait_for(
+                await wait_until(
                     lambda: sub.has(1) and sub.records[-1]["request_id"] == request_id, timeout=10
                 )
             assert sub.messages[-1].publisher_id == new_publisher
             # Records the old worker never got are accounted for in the new one's seq.
             last = sub.records[-1]
-            await wait_for(
-                lambda: sub.got_heartbeat() and sub.last_heartbeat().next_seq == last["seq"] + 1,
+            await wait_until(
+                lambda: sub.heartbeat is not None and sub.heartbeat.next_seq == last["seq"] + 1,
                 timeout=5,
             )
             assert sample(registry, "shadow_worker_restarts_total") == 1
@@ -971,8 +855,8 @@ class TestSigtermDrain:
     """SIGTERM: the records published before exit reach the subscriber; exit status 0."""
 
     @pytest.mark.timeout(120)
-    async def test_drain(self, tmp_path, model_dirs, zmq_context):
-        endpoint = f"tcp://127.0.0.1:{free_port()}"
+    async def test_drain(self, tmp_path, model_dirs, subscribe):
+        endpoint = reserve_endpoint()
         async with serve(mock_app(MockConfig(models={"deepseek": model_dirs["deepseek"]}))) as up:
             config_path, url = write_proxy_config(
                 tmp_path,
@@ -983,8 +867,8 @@ class TestSigtermDrain:
             proxy = start_proxy(tmp_path, config_path)
             try:
                 await wait_healthy(url, proxy)
-                sub = Sub(zmq_context, endpoint, "shadow-requests-replay")
-                await wait_for(sub.got_heartbeat, timeout=10)
+                sub = subscribe(endpoint, "shadow-requests-replay")
+                await sub.wait_heartbeats(timeout=10)
                 # Long prompts, many at once: the worker still has a backlog
                 # (hand-offs not yet preprocessed, records queued) at SIGTERM.
                 n = 300
@@ -997,26 +881,22 @@ class TestSigtermDrain:
                         assert_sse_done(status, raw)
 
                     await asyncio.gather(*(one() for _ in range(n)))
-                proxy.send_signal(signal.SIGTERM)
-                await wait_for(lambda: proxy.poll() is not None, timeout=30)
-                assert proxy.returncode == 0
-                log = (tmp_path / "proxy.log").read_text()
-                await wait_for(
-                    lambda: sub.got_heartbeat() and sub.last_heartbeat().next_seq == n, timeout=5
+                proxy.signal(signal.SIGTERM)
+                assert await asyncio.to_thread(proxy.wait, 30) == 0
+                log = proxy.output_tail(lines=10_000)
+                await wait_until(
+                    lambda: sub.heartbeat is not None and sub.heartbeat.next_seq == n, timeout=5
                 )
-                sub.poll()
                 got = seqs(sub.records)
                 assert len(set(got)) == len(got)
                 lost = re.search(r"shutdown: (\d+) queued record\(s\) lost", log)
                 if len(got) != n:  # allowed only when the loss is logged and counted
                     assert lost is not None, log
                     assert len(got) + int(lost[1]) == n
-                    assert sub.last_heartbeat().dropped.get("closed") == int(lost[1])
+                    assert sub.heartbeat.dropped.get("closed") == int(lost[1])
                 else:
                     assert sorted(got) == list(range(n))
                     assert lost is None
                 assert "Traceback" not in log
             finally:
-                if proxy.poll() is None:
-                    proxy.kill()
-                    proxy.wait(10)
+                proxy.kill()

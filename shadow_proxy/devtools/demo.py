@@ -2,7 +2,7 @@
 
 One run starts, each as its own process, the built-in frontend (unless
 ``--frontend URL`` names a running one), the proxy with the two taps of the
-reference deployment (``deploy/kubernetes/base/configmap.yaml``) and one
+reference deployment (``devtools/reference_taps.py``) and one
 consumer per tap; then it sends the load from this process
 (``shadow_proxy.devtools.loadgen``), waits until every record has reached its consumer,
 stops every process with SIGTERM and prints one table: what the clients saw,
@@ -28,11 +28,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,28 +39,23 @@ from typing import IO, Any
 
 import aiohttp
 import attrs
-import yaml
 
 from shadow_proxy.devtools.loadgen import LoadSpec, Report, make_body, run_load
-
-#: The taps of the reference deployment (deploy/kubernetes/base/configmap.yaml).
-REFERENCE_TAPS: tuple[dict[str, Any], ...] = (
-    {
-        "name": "kv-history-tracker",
-        "topic": "kv-history-tracker",
-        "capture": "request",
-        "filters": ["tokens-only"],
-        "capacity": 4096,
-    },
-    {
-        "name": "shadow-replay",
-        "topic": "shadow-replay",
-        "capture": "request_response",
-        "emit": "joined",
-        "filters": ["strip-multimodal"],
-        "response": {"tokens": True, "chunk_timing": False},
-        "capacity": 1024,
-    },
+from shadow_proxy.devtools.processes import (
+    Child,
+    ChildExited,
+    WaitTimeout,
+    cli_argv,
+    describe_failures,
+    reserve_endpoint,
+    reserve_port,
+    wait_until,
+)
+from shadow_proxy.devtools.reference_taps import (
+    TAP_NAMES,
+    proxy_config,
+    reference_taps,
+    write_config,
 )
 
 #: Start-up budget of one process (the proxy's tap worker loads tokenizers).
@@ -122,96 +114,6 @@ def _shape(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@attrs.define
-class Child:
-    """One subprocess of the demo; its output goes to files in ``log_dir``.
-
-    It runs in a session of its own, so that Ctrl-C reaches the demo only and
-    the demo stops its children in order; a last-resort kill takes the child's
-    process group (the proxy's tap worker with it).
-    """
-
-    name: str
-    argv: list[str]
-    log_dir: Path
-    process: subprocess.Popen | None = None
-    exit_status: int | None = None
-    #: It exited on its own, before the demo stopped it.
-    crashed: bool = False
-
-    @property
-    def stderr_path(self) -> Path:
-        return self.log_dir / f"{self.name}.stderr"
-
-    @property
-    def stdout_path(self) -> Path:
-        return self.log_dir / f"{self.name}.stdout"
-
-    def start(self) -> None:
-        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
-            self.process = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"},
-            )
-
-    def check_alive(self) -> None:
-        """Raise ``DemoError`` if the process has exited."""
-        assert self.process is not None
-        status = self.process.poll()
-        if status is not None:
-            self.exit_status = status
-            self.crashed = True
-            msg = f"{self.name} exited with status {status} before it was stopped"
-            raise DemoError(msg)
-
-    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM, wait up to ``timeout``, then kill. Returns the exit status."""
-        process = self.process
-        assert process is not None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(process.wait, timeout)
-        if process.poll() is None:
-            self.kill()
-        self.exit_status = process.returncode
-        return process.returncode
-
-    def kill(self) -> None:
-        """Kill the child and its process group; wait for it."""
-        process = self.process
-        if process is None:
-            return
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(5)
-        if self.exit_status is None:
-            self.exit_status = process.returncode
-
-    def stderr_tail(self, lines: int = TAIL_LINES) -> str:
-        try:
-            text = self.stderr_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shadow_proxy.cli", "--log-level", "warning", *args]
-
-
 async def _wait_until(
     what: str,
     check: Callable[[], Any],
@@ -222,23 +124,16 @@ async def _wait_until(
 ) -> Any:
     """Poll the coroutine function ``check`` until it returns a truthy value.
 
-    Raises ``DemoError`` when a child exits, or when ``timeout`` passes (unless
-    not ``fatal``: then it says so on stderr and returns None).
+    Raises ``ChildExited`` when a child exits, ``WaitTimeout`` when ``timeout``
+    passes (unless not ``fatal``: then it says so on stderr and returns None).
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        for child in children:
-            child.check_alive()
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            msg = f"{what}: not within {timeout:.0f}s"
-            if not fatal:
-                print(f"demo: {msg}; counting what arrived", file=sys.stderr)
-                return None
-            raise DemoError(msg)
-        await asyncio.sleep(POLL_S)
+    try:
+        return await wait_until(check, timeout, POLL_S, what=what, children=children)
+    except WaitTimeout as e:
+        if fatal:
+            raise
+        print(f"demo: {e}; counting what arrived", file=sys.stderr)
+        return None
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
@@ -267,8 +162,8 @@ async def builtin_frontend(
     models: dict[str, Path], ttft_ms: float, itl_ms: float, log_dir: Path
 ) -> Any:
     """Run ``shadow-proxy mock-frontend`` on a free port; yields its base URL."""
-    port = free_port()
-    argv = _cli("mock-frontend", "--host", "127.0.0.1", "--port", str(port))
+    port = reserve_port()
+    argv = cli_argv("mock-frontend", "--host", "127.0.0.1", "--port", str(port))
     for name, path in models.items():
         argv += ["--model", f"{name}={path}"]
     argv += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
@@ -288,7 +183,7 @@ async def builtin_frontend(
         _print_tails([child])
         raise
     finally:
-        status = await child.stop()
+        status = await child.stop(STOP_TIMEOUT_S)
         if status != 0:
             print(f"demo: the built-in frontend exited with status {status}", file=sys.stderr)
 
@@ -311,21 +206,17 @@ async def check_frontend(url: str, model: str) -> None:
 # --------------------------------------------------------------------------- one run
 
 
-def proxy_config(
-    run: RunOptions, frontend: str, listen_port: int, tap_ports: Sequence[int]
+def run_config(
+    run: RunOptions, frontend: str, listen_port: int, endpoints: Sequence[str]
 ) -> dict[str, Any]:
-    """The proxy's configuration: the reference taps, on loopback ports."""
-    taps = []
-    for tap, port in zip(REFERENCE_TAPS, tap_ports, strict=True):
-        taps.append({**tap, "endpoint": f"tcp://127.0.0.1:{port}"})
-    return {
-        "schema_version": 1,
-        "listen": {"host": "127.0.0.1", "port": listen_port},
-        "upstream": {"url": frontend},
-        "shutdown_grace_s": 5,
-        "models": [{"name": run.model, "tokenizer": str(run.tokenizer)}],
-        "taps": taps,
-    }
+    """The proxy's configuration: the reference taps, on loopback endpoints."""
+    return proxy_config(
+        frontend,
+        port=listen_port,
+        models={run.model: run.tokenizer},
+        taps=reference_taps(endpoints),
+        shutdown_grace_s=5,
+    )
 
 
 async def frontend_prompt_tokens(
@@ -378,23 +269,20 @@ async def run_once(run: RunOptions, frontend: str, log_dir: Path) -> dict[str, A
     """One run in front of ``frontend``: a fresh proxy and fresh consumers."""
     started = time.monotonic()
     timings: dict[str, float] = {}
-    listen_port = free_port()
-    tap_ports = [free_port() for _ in REFERENCE_TAPS]
-    config_path = log_dir / "proxy.yaml"
-    config_path.write_text(
-        yaml.safe_dump(proxy_config(run, frontend, listen_port, tap_ports), sort_keys=False),
-        encoding="utf-8",
-    )
+    listen_port = reserve_port()
+    endpoints = [reserve_endpoint() for _ in TAP_NAMES]
+    config = run_config(run, frontend, listen_port, endpoints)
+    config_path = write_config(log_dir / "proxy.yaml", config)
     proxy_url = f"http://127.0.0.1:{listen_port}"
-    proxy = Child("proxy", _cli("serve", "--config", str(config_path)), log_dir)
+    proxy = Child("proxy", cli_argv("serve", "--config", str(config_path)), log_dir)
     consumers: dict[str, Child] = {}
     summaries: dict[str, Path] = {}
-    for tap, port in zip(REFERENCE_TAPS, tap_ports, strict=True):
+    for tap in config["taps"]:
         name = tap["name"]
         summaries[name] = log_dir / f"consumer-{name}.json"
-        argv = _cli(
+        argv = cli_argv(
             "consumer",
-            "--endpoint", f"tcp://127.0.0.1:{port}",
+            "--endpoint", tap["endpoint"],
             "--topic", tap["topic"],
             "--summary-path", str(summaries[name]),
             "--interval", str(CONSUMER_INTERVAL_S),
@@ -459,8 +347,8 @@ async def run_once(run: RunOptions, frontend: str, log_dir: Path) -> dict[str, A
         mark = time.monotonic()
         exits = {}
         for child in consumers.values():
-            exits[child.name] = await child.stop()
-        exits["proxy"] = await proxy.stop()
+            exits[child.name] = await child.stop(STOP_TIMEOUT_S)
+        exits["proxy"] = await proxy.stop(STOP_TIMEOUT_S)
         timings["stop_s"] = time.monotonic() - mark
         timings["total_s"] = time.monotonic() - started
         taps = {name: _read_summary(path) or {} for name, path in summaries.items()}
@@ -641,7 +529,7 @@ def evaluate(result: dict[str, Any]) -> list[str]:
             f"the frontend gave no prompt-token count for "
             f"{clients['prompt_tokens_uncounted']} requests"
         )
-    for tap in REFERENCE_TAPS:
+    for tap in reference_taps():
         name = tap["name"]
         totals = result["taps"].get(name) or {}
         if totals.get("records") != sent:
@@ -818,12 +706,7 @@ def format_table(result: dict[str, Any]) -> str:
 def _print_tails(children: Sequence[Child]) -> None:
     """The last lines of stderr of the children that exited on their own, or of
     every child if none did."""
-    culprits = [c for c in children if c.crashed] or list(children)
-    for child in culprits:
-        tail = child.stderr_tail()
-        status = child.exit_status if child.exit_status is not None else "running"
-        print(f"--- {child.name} (status {status}), last lines of stderr:", file=sys.stderr)
-        print(tail or "(empty)", file=sys.stderr)
+    print(describe_failures(children, TAIL_LINES), file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- entry
@@ -983,7 +866,7 @@ def run_demo(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> i
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         results = asyncio.run(run_all(args, runs, out))
-    except DemoError as e:
+    except (DemoError, ChildExited, WaitTimeout) as e:
         print(f"demo failed: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
