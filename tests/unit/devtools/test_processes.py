@@ -126,6 +126,10 @@ class TestWaitUntil:
         ):
             await wait_until(lambda: [x for x in queue if x > 5], 0.05, what="the queue empty")
 
+    async def test_fails_on_timeout(self) -> None:
+        with pytest.raises(WaitTimeout, match=r"nothing: not within 0\.05 s"):
+            await wait_until(lambda: False, timeout=0.05, what="nothing")
+
     async def test_default_message_is_the_predicate_source(self) -> None:
         with pytest.raises(WaitTimeout, match=r"lambda: 1 > 2"):
             await wait_until(lambda: 1 > 2, 0.01)

@@ -1,0 +1,180 @@
+"""What the built-in frontend generates: OpenAI-shaped chunks and bodies, and what it rejects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import openai
+import pytest
+
+from tests.support.frontend import HELLO, Server, fault, sse_events, stats_of
+
+
+class TestChat:
+    """Chat completions look like an OpenAI frontend's, unary and streamed."""
+
+    async def test_unary(self, client: openai.AsyncOpenAI) -> None:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="deepseek", messages=HELLO, max_tokens=5, extra_headers={"x-request-id": "r-1"}
+        )
+        assert raw.headers["x-request-id"] == "r-1"
+        reply = raw.parse()
+        assert reply.id.startswith("chatcmpl-")
+        assert reply.object == "chat.completion"
+        assert len(reply.choices) == 1
+        choice = reply.choices[0]
+        assert choice.message.role == "assistant"
+        assert choice.message.content == "The quick brown fox jumps"
+        assert choice.finish_reason == "length"
+        assert reply.usage is not None
+        assert reply.usage.completion_tokens == 5
+        assert reply.usage.total_tokens == reply.usage.prompt_tokens + 5
+
+    async def test_stream_matches_unary(self, client: openai.AsyncOpenAI) -> None:
+        unary = await client.chat.completions.create(model="chatml", messages=HELLO, max_tokens=7)
+        stream = await client.chat.completions.create(
+            model="chatml", messages=HELLO, max_tokens=7, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        assert len(chunks) == 7
+        assert all(c.object == "chat.completion.chunk" for c in chunks)
+        assert len({c.id for c in chunks}) == 1
+        assert chunks[0].id.startswith("chatcmpl-")
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert all(c.choices[0].delta.role is None for c in chunks[1:])
+        assert [c.choices[0].finish_reason for c in chunks] == [None] * 6 + ["length"]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert text == unary.choices[0].message.content
+        assert all(c.usage is None for c in chunks)
+
+    async def test_default_max_tokens(self, start: Callable[..., Awaitable[Server]]) -> None:
+        url, _ = await start(default_max_tokens=3)
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c:
+            reply = await c.chat.completions.create(model="deepseek", messages=HELLO)
+        assert reply.usage is not None
+        assert reply.usage.completion_tokens == 3
+
+    async def test_max_completion_tokens_wins(self, client: openai.AsyncOpenAI) -> None:
+        reply = await client.chat.completions.create(
+            model="deepseek", messages=HELLO, max_tokens=9, max_completion_tokens=2
+        )
+        assert reply.usage is not None
+        assert reply.usage.completion_tokens == 2
+
+    async def test_n_choices_interleaved(self, client: openai.AsyncOpenAI) -> None:
+        stream = await client.chat.completions.create(
+            model="deepseek",
+            messages=HELLO,
+            max_tokens=3,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        indices = [c.choices[0].index for c in chunks if c.choices]
+        assert indices == [0, 1, 0, 1, 0, 1]
+        finishes = {c.choices[0].index: c.choices[0].finish_reason for c in chunks[4:6]}
+        assert finishes == {0: "length", 1: "length"}
+        assert chunks[-1].choices == []
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 6
+
+    async def test_include_usage(self, client: openai.AsyncOpenAI) -> None:
+        unary = await client.chat.completions.create(model="chatml", messages=HELLO, max_tokens=4)
+        stream = await client.chat.completions.create(
+            model="chatml",
+            messages=HELLO,
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        assert len(chunks) == 5
+        assert chunks[-1].choices == []
+        assert chunks[-1].usage == unary.usage
+
+    async def test_sse_framing(self, server: Server, http: aiohttp.ClientSession) -> None:
+        body = {"model": "deepseek", "messages": HELLO, "max_tokens": 2, "stream": True}
+        async with http.post(server[0] + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"] == "text/event-stream"
+            events = await sse_events(resp)
+        assert events[-1] == b"[DONE]"
+        assert [json.loads(e)["choices"][0]["index"] for e in events[:-1]] == [0, 0]
+
+
+class TestCompletions:
+    """Text completions, unary and streamed, with string, token-id and batch prompts."""
+
+    async def test_unary(self, client: openai.AsyncOpenAI) -> None:
+        reply = await client.completions.create(model="deepseek", prompt="Once upon", max_tokens=4)
+        assert reply.id.startswith("cmpl-")
+        assert reply.object == "text_completion"
+        assert reply.choices[0].text == "The quick brown fox"
+        assert reply.choices[0].finish_reason == "length"
+        assert reply.usage is not None
+        assert reply.usage.completion_tokens == 4
+
+    async def test_stream(self, client: openai.AsyncOpenAI) -> None:
+        stream = await client.completions.create(
+            model="deepseek",
+            prompt="Once upon",
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        assert all(c.object == "text_completion" for c in chunks)
+        assert "".join(c.choices[0].text for c in chunks[:-1]) == "The quick brown fox"
+        assert [c.choices[0].finish_reason for c in chunks[:-1]] == [None] * 3 + ["length"]
+        assert chunks[-1].choices == []
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 4
+
+    async def test_token_id_prompt_counts_as_is(self, client: openai.AsyncOpenAI) -> None:
+        reply = await client.completions.create(model="chatml", prompt=[5, 6, 7], max_tokens=1)
+        assert reply.usage is not None
+        assert reply.usage.prompt_tokens == 3
+
+    async def test_batch_prompt(self, client: openai.AsyncOpenAI) -> None:
+        reply = await client.completions.create(
+            model="deepseek", prompt=[[1, 2], [3, 4, 5]], max_tokens=2, n=2
+        )
+        assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+        assert reply.usage is not None
+        assert reply.usage.prompt_tokens == 5
+        assert reply.usage.completion_tokens == 8
+
+
+class TestRejections:
+    """Invalid requests get OpenAI-style errors and generate nothing."""
+
+    async def test_unknown_model(self, client: openai.AsyncOpenAI, server: Server) -> None:
+        with pytest.raises(openai.NotFoundError) as caught:
+            await client.chat.completions.create(model="nope", messages=HELLO)
+        assert caught.value.code == "model_not_found"
+        assert caught.value.type == "invalid_request_error"
+        assert stats_of(server)["rejected"] == 1
+        assert stats_of(server)["tokens"] == 0
+
+    async def test_invalid_json(self, server: Server, http: aiohttp.ClientSession) -> None:
+        async with http.post(server[0] + "/v1/completions", data=b"{not json") as resp:
+            assert resp.status == 400
+            body = await resp.json()
+        assert body["error"]["type"] == "invalid_request_error"
+
+    async def test_unknown_fault_is_an_error(self, client: openai.AsyncOpenAI) -> None:
+        with pytest.raises(openai.BadRequestError, match="unknown mock fault"):
+            await client.chat.completions.create(
+                model="deepseek", messages=HELLO, **fault("explode")
+            )
+
+    async def test_context_length(self, client: openai.AsyncOpenAI) -> None:
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 8192"):
+            await client.completions.create(model="chatml", prompt=[1] * 8000, max_tokens=500)
+
+    async def test_bad_max_tokens(self, client: openai.AsyncOpenAI) -> None:
+        with pytest.raises(openai.BadRequestError, match="'max_tokens'"):
+            await client.completions.create(model="chatml", prompt="x", max_tokens=0)

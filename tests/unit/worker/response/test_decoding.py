@@ -1,0 +1,73 @@
+"""Content-Encoding undone incrementally and in bounded steps."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tracemalloc
+import zlib
+
+import pytest
+
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker.response.recorder import ResponseRecorder
+from tests.support.responses import (
+    CHAT_STREAM,
+    JSON,
+    SSE,
+    comp,
+    observe,
+    record,
+)
+
+
+class TestEncodings:
+    """gzip and deflate bodies decode incrementally; bombs stay bounded."""
+
+    def test_gzip_stream(self) -> None:
+        raw = b"".join(CHAT_STREAM)
+        packed = gzip.compress(raw)
+        obs = observe(*(packed[i : i + 7] for i in range(0, len(packed), 7)), encoding="gzip")
+        timing = ("first_token_offset_ns", "last_token_offset_ns", "chunk_offsets_ns")
+        rec = {k: v for k, v in record(obs).items() if k not in timing}
+        plain = {k: v for k, v in record(observe(raw)).items() if k not in timing}
+        assert rec == plain
+        assert rec["outcome"] == "complete"
+
+    def test_gzip_with_several_members(self) -> None:
+        raw = b"".join(CHAT_STREAM)
+        packed = gzip.compress(raw[:100]) + gzip.compress(raw[100:])
+        obs = observe(packed[:50], packed[50:], encoding="gzip")
+        assert obs.outcome == "complete"
+        assert obs.choices[0].text == "Hello wörld"
+
+    @pytest.mark.parametrize("wbits", [zlib.MAX_WBITS, -zlib.MAX_WBITS])
+    def test_deflate_unary_zlib_or_raw(self, wbits: int) -> None:
+        body = json.dumps(comp("hello", finish="stop")).encode()
+        packer = zlib.compressobj(wbits=wbits)
+        packed = packer.compress(body) + packer.flush()
+        obs = observe(packed[:1], packed[1:], route=Route.COMPLETIONS, ctype=JSON,
+                      encoding="deflate")  # fmt: skip
+        assert obs.outcome == "complete"
+        assert obs.choices[0].text == "hello"
+
+    def test_gzip_bomb_is_cut_at_the_unary_cap(self) -> None:
+        packed = gzip.compress(b" " * (8 << 20))
+        obs = observe(packed, ctype=JSON, encoding="gzip", max_unary_bytes=1 << 20)
+        assert obs.body_problem == f"body over {1 << 20} bytes"
+
+    def test_decompression_is_stepwise(self) -> None:
+        """A small compressed chunk never expands into one huge buffer."""
+        packed = gzip.compress(b"data: " + b"x" * (32 << 20))  # one 32 MiB line
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False, max_event_bytes=1 << 20)
+        recorder.head(200, SSE, "gzip", 0)
+        tracemalloc.start()
+        try:
+            recorder.feed(packed, 1)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 2 << 20
+        observed = recorder.finish(EndKind.CLEAN, 2)
+        assert observed.outcome == "incomplete"
+        assert observed.truncated_events == 1
