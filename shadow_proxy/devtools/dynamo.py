@@ -253,10 +253,11 @@ class Dynamo:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every process (mockers first), SIGKILL what is left after
         ``timeout``. Blocks; every process has exited when it returns."""
-        for child in self.children:
+        started = [child for child in self.children if child.process is not None]
+        for child in started:
             child.signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for child in self.children:
+        for child in started:
             child.reap(max(0.1, deadline - time.monotonic()))
 
     async def aclose(self, timeout: float = 10.0) -> None:
@@ -307,9 +308,9 @@ async def start_dynamo(
     )
     dynamo = Dynamo(python, frontend, f"http://127.0.0.1:{port}", served_name, scratch)
     started = time.monotonic()
-    dynamo.start_mocker(model_dir, served_name, speedup=speedup, extra_args=extra_mocker_args)
-    frontend.start()
     try:
+        dynamo.start_mocker(model_dir, served_name, speedup=speedup, extra_args=extra_mocker_args)
+        frontend.start()
         await dynamo.wait_model(served_name, dynamo.children, ready_timeout)
     except BaseException:
         await dynamo.aclose(timeout=5)

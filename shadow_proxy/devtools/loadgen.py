@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from typing import Any
@@ -99,10 +100,11 @@ class Report:
 
 
 def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile of sorted ``values``."""
+    """Nearest-rank percentile of sorted ``values``: the smallest value with at
+    least ``p`` percent of the values at or below it."""
     if not values:
         return None
-    rank = max(1, min(len(values), round(p / 100 * len(values) + 0.5)))
+    rank = max(1, min(len(values), math.ceil(p * len(values) / 100 - 1e-9)))
     return values[rank - 1]
 
 
@@ -151,41 +153,58 @@ async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body:
     started = time.perf_counter()
     headers = {"Content-Type": "application/json", **spec.headers}
     try:
-        async with session.post(spec.url + path, data=body, headers=headers) as response:
-            result.status = response.status
-            result.request_id = response.headers.get("x-request-id", "")
-            chunks = []
-            if spec.stream:
-                async for chunk in response.content.iter_any():
-                    if result.ttft_s is None:
-                        result.ttft_s = time.perf_counter() - started
-                    chunks.append(chunk)
-                    if cancel and (b'"content"' in chunk or b'"text"' in chunk):
-                        result.cancelled = True
-                        response.close()
-                        break
-            elif cancel:
-                try:
-                    async with asyncio.timeout(spec.cancel_after_s):
-                        chunks.append(await response.read())
-                except TimeoutError:
-                    result.cancelled = True
-                    response.close()
-            else:
-                chunks.append(await response.read())
-                result.ttft_s = time.perf_counter() - started
-            data = b"".join(chunks)
-            if not result.cancelled and response.status == 200:
-                if spec.stream:
-                    result.usage = _usage_from_sse(data)
-                    if not data.rstrip().endswith(b"data: [DONE]"):
-                        result.error = "stream ended without [DONE]"
-                else:
-                    result.usage = json.loads(data).get("usage")
+        if cancel and not spec.stream:
+            # A unary answer's headers may come only with the whole body: the
+            # client gives up on the request as a whole, headers included.
+            try:
+                async with asyncio.timeout(spec.cancel_after_s):
+                    await _exchange(session, spec, path, body, headers, result, started, False)
+            except TimeoutError:
+                result.cancelled = True
+        else:
+            await _exchange(session, spec, path, body, headers, result, started, cancel)
     except (aiohttp.ClientError, ValueError, TimeoutError) as e:
         result.error = type(e).__name__
     result.e2e_s = time.perf_counter() - started
     return result
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    spec: LoadSpec,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    result: Result,
+    started: float,
+    cancel: bool,
+) -> None:
+    """One request and its answer into ``result``; with ``cancel`` (streams), the
+    client hangs up after the first content event."""
+    async with session.post(spec.url + path, data=body, headers=headers) as response:
+        result.status = response.status
+        result.request_id = response.headers.get("x-request-id", "")
+        chunks = []
+        if spec.stream:
+            async for chunk in response.content.iter_any():
+                if result.ttft_s is None:
+                    result.ttft_s = time.perf_counter() - started
+                chunks.append(chunk)
+                if cancel and (b'"content"' in chunk or b'"text"' in chunk):
+                    result.cancelled = True
+                    response.close()
+                    break
+        else:
+            chunks.append(await response.read())
+            result.ttft_s = time.perf_counter() - started
+        data = b"".join(chunks)
+        if not result.cancelled and response.status == 200:
+            if spec.stream:
+                result.usage = _usage_from_sse(data)
+                if not data.rstrip().endswith(b"data: [DONE]"):
+                    result.error = "stream ended without [DONE]"
+            else:
+                result.usage = json.loads(data).get("usage")
 
 
 async def run_load(spec: LoadSpec) -> Report:

@@ -130,16 +130,16 @@ async def run_once(run: RunOptions, frontend: str, log_dir: Path) -> dict[str, A
             sent = len(report.results)
             listing = await wait_for_run(
                 f"the taps publishing a record for each of the {sent} requests",
-                lambda: _taps_settled(session, proxy_url, sent),
+                lambda: taps_settled(session, proxy_url, sent),
                 children,
                 SETTLE_TIMEOUT_S,
                 fatal=False,
-            ) or await _tap_listing(session, proxy_url)
+            ) or await tap_listing(session, proxy_url)
             if not listing:
                 msg = "the proxy's /shadow/taps lists no tap counters"
                 raise DemoError(msg)
             next_seq = {t["name"]: t["next_seq"] for t in listing}
-            await _consumers_settled(summaries, next_seq, children)
+            await consumers_settled(summaries, next_seq, children)
             metrics_text = await get_text(session, proxy_url + "/metrics")
             timings["settle_s"] = time.monotonic() - mark
         prompt_total, asked, uncounted = await frontend_prompt_tokens(frontend, spec, report)
@@ -191,7 +191,7 @@ async def get_text(session: aiohttp.ClientSession, url: str) -> str:
         return await response.text()
 
 
-async def _tap_listing(
+async def tap_listing(
     session: aiohttp.ClientSession, proxy_url: str
 ) -> list[dict[str, Any]] | None:
     """The proxy's tap list with the worker's counters (None before it has them)."""
@@ -202,12 +202,12 @@ async def _tap_listing(
     return taps
 
 
-async def _taps_settled(
+async def taps_settled(
     session: aiohttp.ClientSession, proxy_url: str, sent: int
 ) -> list[dict[str, Any]] | None:
     """The tap listing once every tap has assigned ``sent`` records and has
     nothing left on its queue (published or dropped)."""
-    taps = await _tap_listing(session, proxy_url)
+    taps = await tap_listing(session, proxy_url)
     if taps is None:
         return None
     for tap in taps:
@@ -217,7 +217,7 @@ async def _taps_settled(
     return taps
 
 
-async def _consumers_settled(
+async def consumers_settled(
     summaries: dict[str, Path], next_seq: dict[str, int], children: Sequence[Child]
 ) -> None:
     """Wait until each consumer holds every record its tap sent, or has seen

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shadow_proxy.devtools import demo
+from shadow_proxy.devtools.demo.checks import evaluate
 
 
 def _good_result() -> dict[str, Any]:
@@ -47,7 +47,7 @@ class TestEvaluate:
     """The run fails, saying why, when any part of the accounting does not hold."""
 
     def test_a_good_run_passes(self):
-        assert demo.evaluate(_good_result()) == []
+        assert evaluate(_good_result()) == []
 
     @pytest.mark.parametrize(
         ("path", "value", "expected"),
@@ -78,5 +78,5 @@ class TestEvaluate:
         for key in path[:-1]:
             target = target[key]
         target[path[-1]] = value
-        failures = demo.evaluate(result)
+        failures = evaluate(result)
         assert any(expected in f for f in failures), failures

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
+from shadow_proxy.devtools.frontend import generation
+from shadow_proxy.devtools.frontend.config import MockRequestError
+from shadow_proxy.devtools.frontend.models import ServedModel
 from tests.support.frontend import HELLO, Server, fault, sse_events, stats_of
 
 
@@ -178,3 +182,92 @@ class TestRejections:
     async def test_bad_max_tokens(self, client: openai.AsyncOpenAI) -> None:
         with pytest.raises(openai.BadRequestError, match="'max_tokens'"):
             await client.completions.create(model="chatml", prompt="x", max_tokens=0)
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps({"model": "deepseek", "messages": HELLO, **fields}).encode()
+
+
+def read(raw: bytes, served: dict[str, ServedModel], fault_header: str | None = None,
+         chat: bool = True) -> generation.Request:  # fmt: skip
+    return generation.read_request(
+        raw, fault_header, chat=chat, models=served, default_max_tokens=16
+    )
+
+
+class TestReadRequest:
+    """Validation, called directly: what a real frontend rejects, with its status."""
+
+    def test_accepted(self, served: dict[str, ServedModel]) -> None:
+        request = read(body(n=2, max_tokens=5, max_completion_tokens=3), served)
+        assert (request.n, request.max_tokens, request.chat) == (2, 3, True)
+        assert len(request.prompts) == 1 and isinstance(request.prompts[0], str)
+        assert read(body(), served).max_tokens == 16  # the configured default
+
+    @pytest.mark.parametrize(
+        ("raw", "status", "message"),
+        [
+            (b"{nope", 400, "not valid JSON"),
+            (b"[1]", 400, "must be a JSON object"),
+            (json.dumps({"model": 5}).encode(), 400, "'model' must be a string"),
+            (json.dumps({"model": "x"}).encode(), 404, "The model 'x' does not exist."),
+            (None, 400, "'n' must be at most 128 (got 129)"),
+            (json.dumps({"model": "deepseek", "messages": []}).encode(), 400, "'messages'"),
+        ],
+    )
+    def test_rejected(self, served, raw: bytes | None, status: int, message: str) -> None:
+        with pytest.raises(MockRequestError) as caught:
+            read(raw if raw is not None else body(n=129), served)
+        assert caught.value.status == status and message in str(caught.value)
+
+    def test_the_fault_header_wins_over_the_body_field(self, served) -> None:
+        request = read(body(mock_fault="status=500"), served, fault_header="stop-after=1")
+        assert request.faults.stop_after == 1 and request.faults.status is None
+        assert read(body(mock_fault="hang"), served).faults.hang
+
+
+class TestPlan:
+    """What to generate from the counted prompts."""
+
+    def test_counts_and_usage(self, served) -> None:
+        gen = generation.plan(read(body(n=2, max_tokens=4, stream=True), served), [11])
+        assert (gen.choices, gen.tokens_per_choice, gen.finish_reason) == (2, 4, "length")
+        assert gen.usage == {"prompt_tokens": 11, "completion_tokens": 8, "total_tokens": 19}
+        assert gen.stream and not gen.include_usage
+        assert gen.response_id.startswith("chatcmpl-")
+
+    def test_usage_only_when_streaming_and_asked(self, served) -> None:
+        asked = {"stream_options": {"include_usage": True}}
+        assert generation.plan(read(body(stream=True, **asked), served), [1]).include_usage
+        assert not generation.plan(read(body(**asked), served), [1]).include_usage
+
+    def test_early_stop(self, served) -> None:
+        gen = generation.plan(read(body(max_tokens=9), served, "stop-after=2"), [1])
+        assert (gen.tokens_per_choice, gen.finish_reason) == (2, "stop")
+
+    def test_context_length(self, served) -> None:
+        model = served["chatml"]
+        raw = json.dumps({"model": "chatml", "prompt": [1], "max_tokens": 100}).encode()
+        request = read(raw, served, chat=False)
+        with pytest.raises(MockRequestError, match=r"maximum context length is 8192"):
+            generation.plan(request, [model.context_length])
+
+
+class TestEncoding:
+    """Each SSE event is valid JSON with the fields a client reads."""
+
+    def test_chunks_and_unary_body(self, served) -> None:
+        gen = generation.plan(read(body(n=2, max_tokens=2, stream=True), served), [3])
+        encoder = generation.ChunkEncoder(gen)
+        first = json.loads(encoder.token(1, 0, None).removeprefix(b"data: "))
+        last = json.loads(encoder.token(0, 1, "length").removeprefix(b"data: "))
+        assert first["id"] == gen.response_id and first["model"] == "deepseek"
+        assert first["choices"][0]["index"] == 1
+        assert first["choices"][0]["delta"]["role"] == "assistant"
+        assert "role" not in last["choices"][0]["delta"]
+        assert last["choices"][0]["finish_reason"] == "length"
+        usage = json.loads(encoder.usage().removeprefix(b"data: "))
+        assert usage["choices"] == [] and usage["usage"] == gen.usage
+        unary = generation.unary_body(gen)
+        assert [c["index"] for c in unary["choices"]] == [0, 1]
+        assert unary["choices"][0]["message"]["content"] == served["deepseek"].output_text(2)

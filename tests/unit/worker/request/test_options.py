@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shadow_proxy.exchange import Route
-from shadow_proxy.worker.request.fields import NotMirrored
+from shadow_proxy.worker.request import options
+from shadow_proxy.worker.request.fields import NotMirrored, Reject
 from tests.support.requests import (
     ARRIVAL_NS,
     CHAT_CASES,
@@ -185,3 +186,23 @@ class TestNvext:
         result = run(preprocessor, Route.CHAT, request)
         assert result.token_ids == [5, 6]
         assert result.extra_args == {"nvext": {"token_in": True}}
+
+
+class TestDirect:
+    """The option functions called directly: top-level fields win over nvext."""
+
+    def test_stop_conditions(self) -> None:
+        request = {"max_tokens": 9, "max_completion_tokens": 4, "stop": "x", "ignore_eos": False,
+                   "min_tokens": 2}  # fmt: skip
+        nvext = {"ignore_eos": True, "max_thinking_tokens": 50}
+        assert options.stop_conditions(request, nvext, chat=True) == {
+            "max_tokens": 4, "stop": ["x"], "stop_token_ids": None, "min_tokens": 2,
+            "ignore_eos": False, "max_thinking_tokens": 50,
+        }  # fmt: skip
+        completions = options.stop_conditions(request, {}, chat=False)
+        assert completions["max_tokens"] == 9  # max_completion_tokens is chat only
+
+    def test_stop_token_ids_only_for_chat(self) -> None:
+        assert options.stop_conditions({"stop": [5, 6]}, {}, chat=True)["stop_token_ids"] == [5, 6]
+        with pytest.raises(Reject, match="invalid_field"):
+            options.stop_conditions({"stop": [5, 6]}, {}, chat=False)

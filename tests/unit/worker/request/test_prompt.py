@@ -7,7 +7,8 @@ import pytest
 from shadow_proxy.devtools import modeldirs
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.worker.request.fields import NotMirrored
+from shadow_proxy.worker.request import prompt
+from shadow_proxy.worker.request.fields import NotMirrored, Reject
 from tests.support.requests import (
     CHAT_CASES,
     MODELS,
@@ -115,3 +116,29 @@ class TestCompletions:
     def test_prompt_filling_the_context_is_not_mirrored(self, preprocessor):
         request = {"model": "chatml", "prompt": [1] * modeldirs.CHATML_CONTEXT_LENGTH}
         assert run(preprocessor, Route.COMPLETIONS, request) == NotMirrored("prompt_too_long")
+
+
+class TestDirect:
+    """The prompt functions called directly, on a real tokenizer."""
+
+    def test_nul_characters_are_stripped(self, loaded) -> None:
+        model = loaded["deepseek"]
+        assert prompt.encode(model, "a\0b") == prompt.encode(model, "ab")
+
+    def test_token_list(self) -> None:
+        assert prompt.token_list([0, 5, 2**32 - 1]) == [0, 5, 2**32 - 1]
+        for bad in ([2**32], [-1], [True], [1.0], "1,2", None):
+            with pytest.raises(Reject, match="invalid_field"):
+                prompt.token_list(bad)
+
+    def test_completion_prompts(self, loaded) -> None:
+        model, media = loaded["chatml"], {}
+        assert prompt.completion_tokens(model, {"prompt": [7, 8]}, media) == [7, 8]
+        assert prompt.completion_tokens(model, {"prompt": [[7, 8]]}, media) == [7, 8]
+        assert prompt.completion_tokens(model, {"prompt": ["hi"]}, media) == model.encode("hi")
+        with pytest.raises(Reject, match="batch_prompt"):
+            prompt.completion_tokens(model, {"prompt": ["a", "b"]}, media)
+        with pytest.raises(Reject, match="missing_prompt"):
+            prompt.completion_tokens(model, {}, media)
+        assert prompt.completion_tokens(model, {"prompt_embeds": "AAAA"}, media) == []
+        assert media == {prompt.PROMPT_EMBEDS_KEY: "AAAA"}

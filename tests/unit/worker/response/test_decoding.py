@@ -10,6 +10,7 @@ import zlib
 import pytest
 
 from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker.response import decoding
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 from tests.support.responses import (
     CHAT_STREAM,
@@ -71,3 +72,39 @@ class TestEncodings:
         observed = recorder.finish(EndKind.CLEAN, 2)
         assert observed.outcome == "incomplete"
         assert observed.truncated_events == 1
+
+
+class TestBodyDecoder:
+    """Called directly: the header decides the decoder; output in bounded pieces."""
+
+    @pytest.mark.parametrize(
+        ("header", "kind"),
+        [("", "identity"), ("identity", "identity"), ("gzip", "gzip"), ("x-gzip", "gzip"),
+         ("Deflate", "deflate"), (" gzip , identity", "gzip")],
+    )  # fmt: skip
+    def test_for_header(self, header: str, kind: str) -> None:
+        decoder = decoding.for_header(header)
+        assert decoder is not None and decoder.kind == kind
+
+    @pytest.mark.parametrize("header", ["br", "zstd", "gzip, gzip", "compress"])
+    def test_unknown_encodings_are_not_decoded(self, header: str) -> None:
+        assert decoding.for_header(header) is None
+
+    def test_identity_passes_through(self) -> None:
+        assert list(decoding.BodyDecoder("identity").decode(b"abc")) == [b"abc"]
+
+    def test_a_bomb_comes_out_in_steps(self) -> None:
+        data = gzip.compress(b"\0" * (5 * decoding.DECODE_STEP))
+        pieces = list(decoding.for_header("gzip").decode(data))
+        assert all(len(p) <= decoding.DECODE_STEP for p in pieces)
+        assert sum(map(len, pieces)) == 5 * decoding.DECODE_STEP
+
+    def test_deflate_with_a_one_byte_first_chunk(self) -> None:
+        data = zlib.compress(b"hello deflate")
+        decoder = decoding.for_header("deflate")
+        assert list(decoder.decode(data[:1])) == []  # the header is not known yet
+        assert b"".join(decoder.decode(data[1:])) == b"hello deflate"
+
+    def test_corrupt_input_raises_decode_error(self) -> None:
+        with pytest.raises(decoding.DecodeError):
+            list(decoding.for_header("gzip").decode(b"\x1f\x8bnot gzip at all"))

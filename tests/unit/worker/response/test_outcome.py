@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker.response import outcome
 from tests.support.responses import (
     JSON,
     chat,
@@ -155,3 +157,83 @@ class TestError:
         obs = observe(b"\x1f\x8b\x08\x00garbage-garbage", encoding="gzip")
         assert obs.outcome == "incomplete"
         assert (obs.body_problem or "").startswith("corrupt gzip")
+
+
+def decide(end: EndKind = EndKind.CLEAN, detail: str = "", **given: Any) -> tuple[str, str | None]:
+    args = {"status": 200, "error": None, "finished": [(0, "stop")], "n": 1, "problem": None}
+    return outcome.decide(end, detail, **{**args, **given})
+
+
+class TestDecide:
+    """The rules in order of precedence, called directly."""
+
+    def test_complete(self) -> None:
+        assert decide() == ("complete", None)
+        assert decide(finished=[(0, "length"), (1, "stop")], n=2) == ("complete", None)
+
+    def test_client_gone_wins_over_everything(self) -> None:
+        assert decide(EndKind.CLIENT_GONE, status=500, error="boom") == ("cancelled", "boom")
+
+    def test_capture_lost(self) -> None:
+        assert decide(EndKind.CAPTURE_LOST) == ("error", "capture lost")
+        assert decide(EndKind.CAPTURE_LOST, "full") == ("error", "capture lost: full")
+
+    def test_error_status(self) -> None:
+        assert decide(status=503) == ("error", "HTTP 503")
+        assert decide(status=503, error="overloaded") == ("error", "overloaded")
+        assert decide(EndKind.UPSTREAM_FAILED, "connect timeout", status=504) == (
+            "error", "connect timeout",
+        )  # fmt: skip
+
+    def test_error_in_the_body_wins_over_finished_choices(self) -> None:
+        assert decide(error="worker died") == ("error", "worker died")
+
+    @pytest.mark.parametrize("end", list(outcome.END_ERRORS))
+    def test_failed_ends(self, end: EndKind) -> None:
+        assert decide(end) == ("error", outcome.END_ERRORS[end])
+        assert decide(end, "read timeout") == ("error", "read timeout")
+
+    def test_a_choice_finished_with_an_error(self) -> None:
+        assert decide(finished=[(0, "stop"), (1, "error: oom")], n=2) == (
+            "error", "choice 1 finished with 'error: oom'",
+        )  # fmt: skip
+
+    def test_incomplete(self) -> None:
+        assert decide(finished=[(0, "stop")], n=2) == ("incomplete", None)
+        assert decide(finished=[(0, None)]) == ("incomplete", None)
+        assert decide(finished=[(0, "abort")]) == ("incomplete", None)
+        assert decide(problem="unary body over the cap") == (
+            "incomplete", "unary body over the cap",
+        )  # fmt: skip
+        assert decide(problem="") == ("incomplete", None)
+
+
+class TestErrorMessage:
+    """The error a body carries, in the forms frontends use; long ones clipped."""
+
+    @pytest.mark.parametrize(
+        ("body", "detail", "message"),
+        [
+            ({"error": {"message": "nope", "code": 400}}, False, "nope"),
+            ({"error": {"code": 500}}, False, '{"code": 500}'),
+            ({"error": "plain"}, False, "plain"),
+            ({"object": "error", "message": "vllm style"}, False, "vllm style"),
+            ({"detail": "fastapi"}, True, "fastapi"),
+            ({"detail": [{"loc": 1}]}, True, '[{"loc": 1}]'),
+            ({"detail": "fastapi"}, False, None),
+            ({"choices": []}, False, None),
+            (["not", "an", "object"], False, None),
+        ],
+    )
+    def test_forms(self, body: Any, detail: bool, message: str | None) -> None:
+        assert outcome.error_message(body, detail=detail) == message
+
+    def test_clip(self) -> None:
+        long = "x" * 1000
+        clipped = outcome.clip(long)
+        assert len(clipped) == outcome.MAX_ERROR_CHARS and clipped.endswith("...")
+        assert outcome.clip("short") == "short"
+
+    def test_error_reasons(self) -> None:
+        assert outcome.is_error_reason("error") and outcome.is_error_reason("error: x")
+        assert not outcome.is_error_reason("stop") and not outcome.is_error_reason("errors")
