@@ -3,7 +3,9 @@
 Paths: ``/v1/chat/completions`` streams ``SSE_EVENTS`` when the body asks for a
 stream; ``/slow-stream`` sends one event then waits for ``release``;
 ``/gzip``, ``/big``, ``/echo``, ``/status?code=N``, ``/hop`` (hop-by-hop
-headers); ``/break-mid`` and ``/break-before`` reset the connection (see each).
+headers); ``/break-before`` resets the connection before answering,
+``/break-mid`` after a first event, once ``break_now`` is set. The waits are
+events the test sets, never sleeps, so a loaded machine cannot reorder them.
 Anything else answers a model list.
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import os
-import time
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -31,8 +32,15 @@ class Frontend:
 
     def __init__(self) -> None:
         self.seen: list[dict] = []
-        self.cancelled: list[float] = []
+        #: ``/slow-stream``: where each cancelled handler was when it was cancelled.
+        self.cancelled: list[str] = []
+        #: ``/slow-stream`` sends more only once this is set.
         self.release = asyncio.Event()
+        #: ``/break-mid`` resets the connection only once this is set.
+        self.break_now = asyncio.Event()
+        #: When set (not None), a streamed chat answer sends its first event, then
+        #: waits for it before the rest.
+        self.gate: asyncio.Event | None = None
         self.app = web.Application(client_max_size=256 * 1024 * 1024)
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
@@ -69,10 +77,12 @@ class Frontend:
                 text="ok", headers={"Connection": "X-Private", "X-Private": "1", "X-Public": "2"}
             )
         if path == "/break-mid":
+            # Headers and a first event, then a reset once the test says so
+            # (after the client got that event: the proxy has read the headers).
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             await response.write(SSE_EVENTS[0])
-            await asyncio.sleep(0.05)
+            await self.break_now.wait()
             assert request.transport is not None
             request.transport.abort()
             return response
@@ -87,8 +97,10 @@ class Frontend:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        for event in SSE_EVENTS:
+        for i, event in enumerate(SSE_EVENTS):
             await response.write(event)
+            if i == 0 and self.gate is not None:
+                await self.gate.wait()
             await asyncio.sleep(0.005)
         await response.write_eof()
         return response
@@ -96,14 +108,17 @@ class Frontend:
     async def slow_stream(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        stage = "first"
         try:
             await response.write(b"data: first\n\n")
+            stage = "waiting"
             await self.release.wait()
+            stage = "streaming"
             for _ in range(1000):
                 await response.write(b"data: more\n\n")
                 await asyncio.sleep(0.01)
         except asyncio.CancelledError:
-            self.cancelled.append(time.monotonic())
+            self.cancelled.append(stage)
             raise
         await response.write_eof()
         return response
