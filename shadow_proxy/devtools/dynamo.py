@@ -132,9 +132,11 @@ class Dynamo:
 
     @property
     def children(self) -> list[Child]:
+        """The mockers, then the frontend: the order they stop in."""
         return [*self.mockers, self.frontend]
 
     def logs_tail(self, lines: int = 40) -> str:
+        """The last lines of every process's log, for an error message."""
         return "\n".join(
             f"--- {child.name} log ({child.stdout_path}) ---\n{child.output_tail(lines)}"
             for child in self.children

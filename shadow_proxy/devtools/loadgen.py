@@ -37,6 +37,8 @@ _WORDS = (
 
 @attrs.frozen
 class LoadSpec:
+    """What to send: where, how many, how fast, how long, and which to cancel."""
+
     url: str
     model: str
     requests: int = 200
@@ -53,11 +55,14 @@ class LoadSpec:
     timeout_s: float = 600.0
 
     def cancels(self, index: int) -> bool:
+        """Whether the client cancels request ``index`` (deterministic, spread over the run)."""
         return (index * 7919) % 1000 < self.cancel_fraction * 1000
 
 
 @attrs.define
 class Result:
+    """What one request got: status, timings, usage, and whether the client cancelled it."""
+
     index: int
     request_id: str = ""
     status: int = 0
@@ -69,16 +74,20 @@ class Result:
 
     @property
     def ok(self) -> bool:
+        """It ended with status 200, no error and no cancel."""
         return self.status == 200 and self.error is None and not self.cancelled
 
 
 @attrs.define
 class Report:
+    """Every request's result, in request order, and how long the load took."""
+
     spec: LoadSpec
     results: list[Result]
     duration_s: float
 
     def summary(self) -> dict[str, Any]:
+        """Counts, tokens, rate and latency percentiles (over the ok requests)."""
         ok = [r for r in self.results if r.ok]
         ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
         e2e = sorted(r.e2e_s for r in ok)
@@ -113,10 +122,12 @@ def _ms(value: float | None) -> float | None:
 
 
 def make_prompt(rng: random.Random, tokens: int) -> str:
+    """About ``tokens`` tokens of common words (one token each with their space)."""
     return " ".join(rng.choice(_WORDS) for _ in range(max(1, tokens - 8)))
 
 
 def make_body(spec: LoadSpec, index: int) -> bytes:
+    """Request ``index``'s body: a distinct prompt, the same for the same seed."""
     rng = random.Random(spec.seed * 1_000_003 + index)
     prompt = f"Request {index}. " + make_prompt(rng, spec.prompt_tokens)
     body: dict[str, Any] = {
@@ -208,7 +219,10 @@ async def _exchange(
 
 
 async def run_load(spec: LoadSpec) -> Report:
-    """Send the load described by ``spec``; returns every request's result."""
+    """Send the load described by ``spec`` (runs once per load; the bodies are
+    built before the clock starts). Guarantees: every request gets exactly one
+    ``Result``, in request order (a failure is recorded, never raised); at most
+    ``concurrency`` requests are in flight, on one session."""
     bodies = [make_body(spec, i) for i in range(spec.requests)]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(spec.requests):

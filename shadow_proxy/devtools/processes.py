@@ -217,19 +217,23 @@ class Child:
 
     @property
     def stdout_path(self) -> Path:
+        """Where its stdout goes."""
         return self.log_dir / (f"{self.name}.log" if self.merge_output else f"{self.name}.stdout")
 
     @property
     def stderr_path(self) -> Path:
+        """Where its stderr goes (its stdout's file with ``merge_output``)."""
         return self.stdout_path if self.merge_output else self.log_dir / f"{self.name}.stderr"
 
     @property
     def pid(self) -> int:
+        """Its process id (it must have been started)."""
         assert self.process is not None, f"{self.name} was not started"
         return self.process.pid
 
     @property
     def alive(self) -> bool:
+        """Started and not exited yet."""
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> Child:
@@ -339,11 +343,6 @@ class Child:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
-
-
-async def stop_all(children: Sequence[Child], timeout: float = STOP_TIMEOUT_S) -> dict[str, int]:
-    """Stop the children one after the other, in the order given; their exit statuses."""
-    return {child.name: await child.stop(timeout) for child in children}
 
 
 def describe_failures(children: Sequence[Child], lines: int = 12) -> str:

@@ -627,10 +627,8 @@ class TestStalledConsumer:
 
     REQUESTS = 5000
     CONCURRENCY = 32
-    #: Bounds on VmRSS while the consumer is stopped. Measured on a 2-core machine:
-    #: serving process 50 MiB at start, 51 MiB peak; worker 187 MiB at start
-    #: (transformers imported, tokenizer loaded), 255 MiB peak with a backlog of
-    #: ~4,000 hand-offs of 10 KiB bodies. Limits leave about 2x / 1.5x headroom.
+    #: Bounds on VmRSS while the consumer is stopped: about 2x (serving process)
+    #: and 1.5x (worker) the peaks measured with this test (README, "Bounds").
     PROXY_RSS_LIMIT_KIB = 120 * 1024
     WORKER_RSS_LIMIT_KIB = 400 * 1024
 

@@ -41,6 +41,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The demo's options (runs when the command starts); defaults are the reference load."""
     parser = argparse.ArgumentParser(
         prog="shadow-proxy demo",
         description="Frontend, proxy with the reference taps, one consumer per tap and a "
@@ -123,6 +124,8 @@ def _log_dir() -> Iterator[Path]:
 
 
 async def run_all(args: argparse.Namespace, runs: list[RunOptions], out: IO[str]) -> list[dict]:
+    """Runs once per demo: the frontend (started or checked), then each run in
+    turn, its table printed as soon as it ends. Returns every run's result."""
     results = []
     with _log_dir() as log_dir:
         async with contextlib.AsyncExitStack() as stack:

@@ -187,6 +187,7 @@ async def run_once(run: RunOptions, frontend: str, log_dir: Path) -> dict[str, A
 
 
 async def get_text(session: aiohttp.ClientSession, url: str) -> str:
+    """The text at ``url`` (raises on a failure: the run needs it)."""
     async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
         return await response.text()
 

@@ -57,6 +57,8 @@ def _shape(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace) -> list[RunOptions]:
+    """The runs the options ask for: the three reference runs unless a load option
+    (``--stream``, ``--no-stream``, ``--cancel-fraction``) asks for a single one."""
     single = args.stream is not None or args.cancel_fraction is not None
     if args.runs == "reference" or (args.runs is None and not single):
         return reference_runs(args)

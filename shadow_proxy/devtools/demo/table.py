@@ -12,6 +12,7 @@ from typing import Any
 
 
 def number(value: Any) -> str:
+    """A value as the table shows it: separators, one decimal, ``-`` for none."""
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -24,6 +25,7 @@ def number(value: Any) -> str:
 
 
 def counts(mapping: dict[str, int] | None) -> str:
+    """``reason count`` pairs, the zeros left out; ``none`` when all are zero."""
     items = [(k, v) for k, v in (mapping or {}).items() if v]
     return ", ".join(f"{k} {v:,}" for k, v in items) if items else "none"
 

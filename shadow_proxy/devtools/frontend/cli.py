@@ -35,6 +35,7 @@ def _model_arg(text: str) -> tuple[str, Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command's options (runs when ``shadow-proxy mock-frontend`` starts)."""
     parser = argparse.ArgumentParser(
         prog="shadow-proxy mock-frontend",
         description="A mock OpenAI-compatible frontend with exact prompt token counts.",

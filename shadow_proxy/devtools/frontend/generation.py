@@ -152,6 +152,7 @@ class Generation:
         }
 
     def finish_for(self, index: int) -> str | None:
+        """The finish reason of choice ``index`` (None for the one a fault leaves unfinished)."""
         return None if index == self.faults.unfinished_choice else self.finish_reason
 
 
@@ -176,6 +177,7 @@ class ChunkEncoder:
             self.after_text = b',"logprobs":null,"finish_reason":'
 
     def token(self, index: int, step: int, finish: str | None) -> bytes:
+        """The SSE event of choice ``index`` at ``step`` (the first carries the role)."""
         texts = self.gen.model.output_json
         return b"".join(
             (
@@ -227,6 +229,7 @@ def unary_body(gen: Generation) -> dict[str, Any]:
 
 
 def error_body(message: str, kind: str, code: object) -> dict[str, Any]:
+    """An OpenAI-style error body."""
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 

@@ -68,9 +68,11 @@ class Handlers:
         self.created = int(time.time())
 
     async def health(self, _request: web.Request) -> web.Response:
+        """``GET /health``: the process is up."""
         return web.json_response({"status": "ok"})
 
     async def list_models(self, _request: web.Request) -> web.Response:
+        """``GET /v1/models``: every served model, with its context length when known."""
         data = [
             {
                 "id": name,
@@ -84,12 +86,15 @@ class Handlers:
         return web.json_response({"object": "list", "data": data})
 
     async def get_stats(self, _request: web.Request) -> web.Response:
+        """``GET /mock/stats``: the counters (``MockStats``) as they are now."""
         return web.json_response(attrs.asdict(self.stats))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions`` (see ``_generate``)."""
         return await self._generate(request, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions`` (see ``_generate``)."""
         return await self._generate(request, chat=False)
 
     def _headers(self, request: web.Request) -> dict[str, str]:

@@ -103,9 +103,11 @@ class ServedModel:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def cached_count(self, text: str) -> int | None:
+        """The remembered count of ``text``, if any (event loop only)."""
         return self._counts.get(text)
 
     def remember_count(self, text: str, count: int) -> None:
+        """Remember a count; the oldest entry goes past ``PROMPT_CACHE_SIZE``."""
         counts = self._counts
         if len(counts) >= PROMPT_CACHE_SIZE:
             del counts[next(iter(counts))]
@@ -159,6 +161,7 @@ class ServedModel:
         raise MockRequestError(msg)
 
     def output_text(self, count: int) -> str:
+        """The text of the first ``count`` output tokens of the cycle."""
         cycle = self.output_texts
         full, rest = divmod(count, len(cycle))
         return "".join(cycle) * full + "".join(cycle[:rest])
