@@ -4,6 +4,7 @@
 ``Config.from_yaml``, ``reader.py`` the strict reading (lines, types, checks).
 """
 
+from shadow_proxy.config.nats import GIB, NatsConfig
 from shadow_proxy.config.reader import ConfigError
 from shadow_proxy.config.schema import Config
 from shadow_proxy.config.values import (
@@ -18,11 +19,13 @@ from shadow_proxy.config.values import (
 )
 
 __all__ = [
+    "GIB",
     "MIB",
     "Config",
     "ConfigError",
     "Listen",
     "ModelEntry",
+    "NatsConfig",
     "Publish",
     "ResponseOptions",
     "TapConfig",

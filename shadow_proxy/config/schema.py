@@ -15,6 +15,7 @@ import attrs
 import yaml
 
 from shadow_proxy.config import reader as checks
+from shadow_proxy.config.nats import NatsConfig, parse_nats_section, parse_tap_transport
 from shadow_proxy.config.reader import MISSING, ConfigError, Reader, load_yaml, plain
 from shadow_proxy.config.values import (
     MIB,
@@ -40,6 +41,8 @@ class Config:
     publish: Publish = attrs.field(factory=Publish)
     taps: tuple[TapConfig, ...] = ()
     worker: WorkerOptions = attrs.field(factory=WorkerOptions)
+    #: The JetStream connection and stream; set when the file has a ``nats`` section.
+    nats: NatsConfig | None = None
 
     @property
     def capture_response(self) -> bool:
@@ -90,6 +93,7 @@ class _SchemaReader(Reader):
                 "publish",
                 "taps",
                 "worker",
+                "nats",
             },
         )
         version = root.get("schema_version", MISSING)
@@ -98,6 +102,7 @@ class _SchemaReader(Reader):
         if version != 1 or isinstance(version, bool):
             self.fail(root, "schema_version", "must be 1", version)
         publish = self.publish(root)
+        taps = self.taps(root, publish)
         return Config(
             path=self.path,
             listen=self.listen(root),
@@ -110,8 +115,9 @@ class _SchemaReader(Reader):
             ),
             models=self.models(root),
             publish=publish,
-            taps=self.taps(root, publish),
+            taps=taps,
             worker=self.worker(root),
+            nats=parse_nats_section(self, root, taps),
         )
 
     def listen(self, root: Mapping) -> Listen:
@@ -217,7 +223,7 @@ class _SchemaReader(Reader):
                     continue
                 if a.topic == b.topic:
                     self.fail(item, f"taps[{a.name}].topic", "must be unique across taps", a.topic)
-                if b.topic.startswith(a.topic):
+                if b.topic.startswith(a.topic) and a.transport == b.transport == "zmq":
                     expected = (
                         f"must not be a prefix of tap '{b.name}'s topic '{b.topic}' "
                         "(ZeroMQ subscriptions match by prefix)"
@@ -238,6 +244,8 @@ class _SchemaReader(Reader):
             "response",
             "capacity",
             "endpoint",
+            "transport",
+            "subject",
         }
         raw_name = item.get("name")
         label = raw_name if isinstance(raw_name, str) and raw_name else str(index)
@@ -284,6 +292,7 @@ class _SchemaReader(Reader):
             f"tcp://{publish.host}:{publish.base_port + index}",
             checks.zmq_endpoint,
         )
+        transport, subject = parse_tap_transport(self, item, p, topic)
         return TapConfig(
             name=name,
             topic=topic,
@@ -297,6 +306,8 @@ class _SchemaReader(Reader):
             ),
             response=self.response(item, p) if joined else None,
             capacity=self.get(item, "capacity", p, int, 1024, checks.at_least_1),
+            transport=transport,
+            subject=subject,
         )
 
     def response(self, item: Mapping, prefix: str) -> ResponseOptions:

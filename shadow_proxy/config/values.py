@@ -61,6 +61,10 @@ class TapConfig:
     sample_by: str = "request"
     response: ResponseOptions | None = None
     capacity: int = 1024
+    #: ``zmq`` (the tap's PUB socket) or ``nats`` (the JetStream stream, SPEC 9).
+    transport: str = "zmq"
+    #: The JetStream subject (``nats`` taps only; ``shadow.{topic}`` by default).
+    subject: str | None = None
 
     @property
     def joined(self) -> bool:

@@ -71,7 +71,7 @@ class PublisherTotals:
             return False
         self.tap = envelope["tap"]
         self.records += 1
-        self.prompt_tokens += len(envelope["request"]["token_ids"])
+        self.prompt_tokens += len(envelope["request"].get("token_ids", ()))
         response = envelope.get("response")
         if response is not None:
             self.responses += 1

@@ -144,6 +144,8 @@ class _Run:
                 and self.recorder is not None
             ):
                 self.recorder.write(delivery.message)
+            if self.recorder is not None and self.source.redelivers:
+                self.recorder.flush(now)  # what is acknowledged is in the file
             await delivery.ack()
             if self.done():
                 return

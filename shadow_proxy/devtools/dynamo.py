@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -285,6 +286,7 @@ async def start_dynamo(
     ready_timeout: float = 90.0,
     extra_mocker_args: tuple[str, ...] = (),
     extra_frontend_args: tuple[str, ...] = (),
+    extra_frontend_env: Mapping[str, str] | None = None,
 ) -> Dynamo:
     """Start ``dynamo.mocker`` serving ``model_dir`` as ``served_name`` and
     ``dynamo.frontend`` on ``http_port`` (default: a reserved port).
@@ -293,6 +295,8 @@ async def start_dynamo(
     request succeeds (mocker and frontend both ready), within ``ready_timeout``
     seconds; on failure every process is stopped and ``DynamoStartError`` holds
     the log tails. ``speedup`` is the mocker's ``--speedup-ratio`` (1 to 1000).
+    ``extra_frontend_env`` adds variables to the frontend's environment only
+    (e.g. ``DYN_REQUEST_TRACE*``).
     Raises ``DynamoUnavailable`` when Dynamo is not installed.
     """
     python, scratch = await asyncio.to_thread(_prepare, Path(scratch))
@@ -303,7 +307,7 @@ async def start_dynamo(
         "frontend",
         argv,
         scratch,
-        env=dynamo_env(scratch),
+        env={**dynamo_env(scratch), **(extra_frontend_env or {})},
         cwd=scratch,
         merge_output=True,
         signal_group=True,

@@ -71,7 +71,7 @@ def proxy_config(
     *,
     port: int = 0,
     host: str = "127.0.0.1",
-    models: Mapping[str, str | Path] | None = None,
+    models: Mapping[str, str | Path] | Sequence[Mapping[str, Any]] | None = None,
     taps: Sequence[Mapping[str, Any]] = (),
     **overrides: Any,
 ) -> dict[str, Any]:
@@ -79,7 +79,8 @@ def proxy_config(
 
     It forwards to ``upstream_url`` and listens on ``host:port`` (0: any free port,
     for a proxy run in-process); ``models`` maps served names to tokenizer
-    directories; ``taps`` are tap mappings (``reference_taps()``, or a test's
+    directories (or is a list of model entries as the file holds them);
+    ``taps`` are tap mappings (``reference_taps()``, or a test's
     own). ``overrides`` are further top-level keys; a mapping given for a key
     the configuration already holds (``listen``, ``upstream``) updates it.
     """
@@ -88,8 +89,10 @@ def proxy_config(
         "listen": {"host": host, "port": port},
         "upstream": {"url": upstream_url},
     }
-    if models:
+    if isinstance(models, Mapping):
         mapping["models"] = [{"name": n, "tokenizer": str(path)} for n, path in models.items()]
+    elif models:
+        mapping["models"] = [dict(entry) for entry in models]
     if taps:
         mapping["taps"] = [copy.deepcopy(dict(tap)) for tap in taps]
     for key, value in overrides.items():

@@ -90,7 +90,7 @@ def check_envelope(envelope: Any) -> str | None:
         or seq < 0
         or not isinstance(envelope["tap"], str)
         or not isinstance(request, dict)
-        or not isinstance(request.get("token_ids"), list)
+        or not isinstance(request.get("token_ids", []), list)
         or (response is not None and not isinstance(response, dict))
         or (response is not None and type(response.get("output_tokens", 0)) is not int)
     ):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,9 @@ class RecordSource:
 
     #: Whether records arrive as they happen (live) or are read from storage.
     live = False
+    #: Whether a delivery not acknowledged is delivered again (JetStream): a
+    #: caller that keeps records must have them written before it acknowledges.
+    redelivers = False
 
     def __init__(self, *, dedup: bool = True, heartbeats: bool = False) -> None:
         self.stats = SourceStats()
@@ -261,6 +265,32 @@ class TapSource(RecordSource):
             self._context.term()
 
 
+#: Records a reorder window holds by default (about 1 KiB of state each, plus
+#: the records themselves).
+DEFAULT_REORDER_WINDOW = 4096
+
+
+async def in_arrival_order(
+    deliveries: AsyncIterator[Delivery], window: int = DEFAULT_REORDER_WINDOW
+) -> AsyncIterator[Delivery]:
+    """Deliveries re-sorted by ``arrival_unix_ns`` within a bounded window.
+
+    Joined records are published when their response ends, so a record file
+    is in end order, not arrival order. Holding up to ``window`` deliveries in
+    a heap restores arrival order wherever a record is overtaken by fewer than
+    ``window`` later-arriving ones (at most ``window`` are held at any time).
+    """
+    heap: list[tuple[int, int, Delivery]] = []
+    count = 0
+    async for delivery in deliveries:
+        count += 1
+        heapq.heappush(heap, (delivery.envelope["arrival_unix_ns"], count, delivery))
+        if len(heap) > window:
+            yield heapq.heappop(heap)[2]
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True) -> None:
     """The source arguments every tool takes (SPEC section 8)."""
     group = parser.add_argument_group("record source (one of)")
@@ -280,6 +310,14 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
     group.add_argument("--nats", metavar="URL", action="append", help="JetStream server(s)")
     group.add_argument("--stream", default="SHADOW", help="JetStream stream [SHADOW]")
     group.add_argument("--durable", help="JetStream durable consumer name (shared = split)")
+    group.add_argument("--subject", help="JetStream: the tap's subject [shadow.TOPIC, see --topic]")
+    group.add_argument(
+        "--ack-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="JetStream: unacknowledged records come again after S (a new durable) [30]",
+    )
 
 
 def open_source(
@@ -287,7 +325,8 @@ def open_source(
 ) -> RecordSource:
     """The source the parsed arguments name; ``SourceError`` when they name none or several."""
     paths = list(getattr(args, "sources", None) or [])
-    live = bool(args.endpoint or args.topic or args.discover)
+    # --topic names the tap's topic for a stream too (its subject is shadow.TOPIC).
+    live = bool(args.endpoint or args.discover or (args.topic and not args.nats))
     kinds = [k for k, given in (("files", paths), ("tap", live), ("nats", args.nats)) if given]
     if len(kinds) != 1:
         msg = (
@@ -307,7 +346,15 @@ def open_source(
         from shadow_proxy.records.jetstream_source import JetStreamSource
 
         return JetStreamSource(
-            args.nats, args.stream, args.tap, args.durable, dedup=dedup, heartbeats=heartbeats
+            args.nats,
+            args.stream,
+            args.tap,
+            args.durable,
+            topic=args.topic,
+            subject=args.subject,
+            ack_wait_s=args.ack_wait,
+            dedup=dedup,
+            heartbeats=heartbeats,
         )
     endpoints, topic = list(args.endpoint), args.topic
     if args.discover:

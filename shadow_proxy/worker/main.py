@@ -26,6 +26,7 @@ import signal
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -50,11 +51,19 @@ LAST_MESSAGE_WAIT_S = 1.0
 
 
 class Publishing:
-    """Each tap's publisher, fed from the joiner's tap queues."""
+    """Each tap's publisher, fed from the joiner's tap queues: its PUB socket, or
+    its share of the JetStream link (``link``, when a tap uses NATS)."""
 
-    def __init__(self, joiner: Joiner, context: zmq.Context):
+    def __init__(self, joiner: Joiner, context: zmq.Context, link: Any = None):
         self.joiner = joiner
-        self.publishers = [Publisher(context, tap.queue) for tap in joiner.taps]
+        self.publishers = [
+            link.publisher(tap.queue)
+            if tap.config.transport == "nats"
+            else Publisher(context, tap.queue)
+            for tap in joiner.taps
+        ]
+        if link is not None:
+            joiner.metrics.registry.register(link.metrics)
 
     def pump(self) -> bool:
         """Send what the queues hold; True when records are still waiting."""
@@ -73,9 +82,13 @@ class Publishing:
     def drain(self, deadline_s: float) -> int:
         """Publish what is queued for up to ``deadline_s``; returns what was lost."""
         deadline = time.monotonic() + deadline_s
-        while self.pump() and time.monotonic() < deadline:
+        while (self.pump() or self.in_flight()) and time.monotonic() < deadline:
             time.sleep(RETRY_MS / 1000)
         return sum(publisher.queue.close() for publisher in self.publishers)
+
+    def in_flight(self) -> int:
+        """Records handed to a transport and not yet confirmed (JetStream acks)."""
+        return sum(publisher.in_flight for publisher in self.publishers)
 
     def close(self) -> None:
         for publisher in self.publishers:
@@ -96,6 +109,8 @@ class Publishing:
                     "models": list(config.models),
                     "sample": config.sample,
                     "capacity": config.capacity,
+                    "transport": config.transport,
+                    **({"subject": config.subject} if config.subject else {}),
                     "publisher_id": publisher.publisher_id,
                     "next_seq": queue.next_seq,
                     "queued": queue.queued,
@@ -107,6 +122,17 @@ class Publishing:
                 }
             )
         return listing
+
+
+def _jetstream_link(config: Config) -> Any:
+    """The JetStream link when a tap publishes to NATS (None otherwise); it starts
+    connecting now, while the tokenizers load. Imported only then: a worker
+    without NATS taps does not load nats-py."""
+    if not any(tap.transport == "nats" for tap in config.taps):
+        return None
+    from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+
+    return JetStreamLink.for_config(config)
 
 
 def _load_models(config: Config) -> dict[str, LoadedModel]:
@@ -138,12 +164,17 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
             return False
         return True
 
+    link = _jetstream_link(config)
     try:
         joiner = Joiner(config, _load_models(config))
-        publishing = Publishing(joiner, context)
+        publishing = Publishing(joiner, context, link)
+        problem = link.startup_problem() if link is not None else None
     except (ModelLoadError, zmq.ZMQError, OSError) as e:
-        message = str(e) if isinstance(e, ModelLoadError) else f"tap socket: {e}"
-        say(control.Failed(message))
+        problem = str(e) if isinstance(e, ModelLoadError) else f"tap socket: {e}"
+    if problem is not None:
+        say(control.Failed(problem))
+        if link is not None:
+            link.close()
         control_socket.close(linger=1000)
         context.term()
         return 1

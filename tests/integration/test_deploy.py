@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import itertools
 import json
 import re
 import shutil
@@ -28,6 +29,7 @@ DEPLOY = ROOT / "deploy"
 KUBE = DEPLOY / "kubernetes"
 BASE = KUBE / "base"
 OVERLAY = KUBE / "overlays" / "example"
+JETSTREAM_OVERLAY = KUBE / "overlays" / "jetstream"
 DASHBOARD = DEPLOY / "grafana" / "shadow-proxy-dashboard.json"
 
 #: The oldest Kubernetes the manifests support (preStop `sleep` is beta, on by
@@ -72,6 +74,13 @@ EXPORTED: dict[str, tuple[str, frozenset[str]]] = {
     "shadow_worker_evicted": ("counter", frozenset()),
     "shadow_worker_failures": ("counter", frozenset({"exception"})),
     "shadow_worker_record_ttft_seconds": ("histogram", frozenset()),
+    # JetStream taps (exported only when a tap uses transport: nats).
+    "shadow_tap_ack_seconds": ("histogram", frozenset({"tap"})),
+    "shadow_tap_publish_retries": ("counter", frozenset({"tap"})),
+    "shadow_tap_awaiting_ack": ("gauge", frozenset({"tap"})),
+    "shadow_nats_connected": ("gauge", frozenset()),
+    "shadow_nats_reconnects": ("counter", frozenset()),
+    "shadow_nats_stream_problems": ("counter", frozenset({"reason"})),
 }
 #: Labels Prometheus adds to every series (target labels) or to buckets.
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "instance", "job", "endpoint", "le"})
@@ -211,7 +220,11 @@ def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 # -- fixtures and helpers ------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=[BASE, OVERLAY], ids=["base", "overlay-example"])
+@pytest.fixture(
+    scope="module",
+    params=[BASE, OVERLAY, JETSTREAM_OVERLAY],
+    ids=["base", "overlay-example", "overlay-jetstream"],
+)
 def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     return render(request.param)
 
@@ -625,11 +638,19 @@ class TestMetricNames:
 
             from shadow_proxy.serving.metrics import ProxyMetrics
             from shadow_proxy.worker.metrics import WorkerMetrics
+            from shadow_proxy.worker.publishers.jetstream_metrics import (
+                JetStreamMetrics,
+                LinkStats,
+            )
         except ImportError as e:
             pytest.skip(f"shadow_proxy metrics cannot be imported: {e}")
         registry = CollectorRegistry()
         ProxyMetrics.create(registry)
-        families = [*registry.collect(), *WorkerMetrics([]).registry.collect()]
+        families = [
+            *registry.collect(),
+            *WorkerMetrics([]).registry.collect(),
+            *JetStreamMetrics(LinkStats(), []).collect(),
+        ]
         assert {f.name: f.type for f in families} == {n: t for n, (t, _) in EXPORTED.items()}
 
 
@@ -715,3 +736,78 @@ class TestDashboard:
             "shadow_prompt_token_mismatches_total",
         ):
             assert metric in used, f"no panel shows {metric}"
+
+
+# -- the JetStream overlay ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def jetstream() -> list[dict[str, Any]]:
+    return render(JETSTREAM_OVERLAY)
+
+
+def command_options(command: list[str]) -> dict[str, str]:
+    """``--key value`` pairs of a command line."""
+    return {k: v for k, v in itertools.pairwise(command) if k.startswith("--")}
+
+
+class TestJetStreamOverlay:
+    """A fleet publishing to an existing NATS cluster: every tap on JetStream with
+    a replicated stream, readers on durables, and the JetStream alerts."""
+
+    def test_config_parses_with_the_proxy(self, jetstream: list[dict[str, Any]]) -> None:
+        from shadow_proxy.config import Config
+
+        text = find(jetstream, "ConfigMap", "shadow-proxy-config")["data"]["config.yaml"]
+        parsed = Config.from_text(text, "overlays/jetstream/config.yaml")
+        assert {t.transport for t in parsed.taps} == {"nats"}
+        assert parsed.nats is not None
+        assert parsed.nats.replicas == 3
+        assert all(s.startswith("nats://") for s in parsed.nats.servers)
+        base = Config.from_text(
+            find(render(BASE), "ConfigMap", "shadow-proxy-config")["data"]["config.yaml"]
+        )
+        assert [t.name for t in parsed.taps] == [t.name for t in base.taps]
+
+    def test_readers_match_the_taps(self, jetstream: list[dict[str, Any]]) -> None:
+        from shadow_proxy.config import Config
+        from shadow_proxy.records.jetstream_source import default_subject
+
+        text = find(jetstream, "ConfigMap", "shadow-proxy-config")["data"]["config.yaml"]
+        parsed = Config.from_text(text)
+        subjects = {t.name: t.subject for t in parsed.taps}
+        pod = find(jetstream, "Deployment", "shadow-consumer-jetstream")["spec"]["template"]
+        seen, durables = set(), set()
+        for c in pod["spec"]["containers"]:
+            assert c["command"][0] == "shadow-consumer"
+            options = command_options(c["command"])
+            assert options["--nats"] in parsed.nats.servers
+            assert options["--stream"] == parsed.nats.stream
+            tap = options["--tap"]
+            subject = options.get("--subject") or default_subject(tap, options.get("--topic"))
+            assert subjects.get(tap) == subject, f"{c['name']}: reads {subject}"
+            durables.add(options["--durable"])
+            seen.add(tap)
+        assert seen == set(subjects), "every tap has a reader"
+        assert len(durables) == len(seen), "one durable per tap"
+        assert find(jetstream, "Deployment", "shadow-consumer")["spec"]["replicas"] == 0
+        assert find(jetstream, "Deployment", "llm-frontend")["spec"]["replicas"] >= 2
+
+    def test_alerts(self, jetstream: list[dict[str, Any]]) -> None:
+        groups = find(jetstream, "PrometheusRule", "shadow-proxy")["spec"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        problems = [f"{r['alert']}: {p}" for r in rules for p in promql_problems(r["expr"])]
+        assert not problems, "\n".join(problems)
+        base = find(render(BASE), "PrometheusRule", "shadow-proxy")["spec"]["groups"]
+        assert len(groups) == len(base) + 1, "the base's alerts are kept"
+        watched = set(METRIC_RE.findall(" ".join(r["expr"] for r in rules)))
+        for metric in (
+            "shadow_tap_ack_seconds_bucket",
+            "shadow_tap_dropped_total",
+            "shadow_nats_connected",
+            "shadow_nats_stream_problems_total",
+        ):
+            assert metric in watched, f"no alert on {metric}"
+        for rule in rules:
+            assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+            assert rule["annotations"]["summary"], rule["alert"]

@@ -14,6 +14,11 @@ model:
   choices are interleaved chunk by chunk (``generation.py``).
 - ``ttft_ms`` passes before the first token and ``itl_ms`` between tokens; each
   SSE event is its own ``write()`` (``handlers.py``).
+- Divergence (for replay tests and the demo): with ``diverge_fraction`` above 0,
+  a request whose request id (``x-request-id``, else the response id) falls in
+  that fraction (``config.diverges``: a CRC-32 of the id) skips one token of the
+  cycle from token position ``diverge_at`` on, in every choice: same token count,
+  the output differs from position ``diverge_at``.
 
 Tests steer a request with the header ``x-mock-fault`` (or the body field
 ``mock_fault``): a comma-separated list of directives (``config.Faults``).
@@ -28,7 +33,7 @@ counts), ``generation`` (validation, planning, chunk encoding), ``handlers``
 
 from shadow_proxy.devtools.frontend.app import STATS_KEY, make_app, serve_mock_frontend
 from shadow_proxy.devtools.frontend.cli import build_parser, run_mock_frontend
-from shadow_proxy.devtools.frontend.config import Faults, MockConfig, MockRequestError
+from shadow_proxy.devtools.frontend.config import Faults, MockConfig, MockRequestError, diverges
 from shadow_proxy.devtools.frontend.handlers import MockStats
 from shadow_proxy.devtools.frontend.models import (
     PROMPT_CACHE_SIZE,
@@ -47,6 +52,7 @@ __all__ = [
     "ServedModel",
     "build_parser",
     "compile_chat_template",
+    "diverges",
     "load_models",
     "make_app",
     "run_mock_frontend",

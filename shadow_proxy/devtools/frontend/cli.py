@@ -55,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--default-max-tokens", type=int, default=16, help="tokens per choice without max_tokens"
     )
     parser.add_argument(
+        "--diverge-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of requests (by request id) whose output differs from --diverge-at on",
+    )
+    parser.add_argument(
+        "--diverge-at", type=int, default=0, help="token position where outputs diverge"
+    )
+    parser.add_argument(
         "--tokenizer-threads",
         type=int,
         default=1,
@@ -74,6 +83,8 @@ def run_mock_frontend(argv: Sequence[str] | None = None) -> int:
             itl_ms=args.itl_ms,
             default_max_tokens=args.default_max_tokens,
             tokenizer_threads=args.tokenizer_threads,
+            diverge_fraction=args.diverge_fraction,
+            diverge_at=args.diverge_at,
         )
         app = make_app(config)
     except (ValueError, OSError) as exc:

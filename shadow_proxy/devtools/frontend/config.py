@@ -10,6 +10,7 @@ with an OpenAI-style error body.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,17 @@ class MockConfig:
     #: Threads that encode prompts off the event loop (the tokenizer releases
     #: the GIL); 0 encodes inline on the loop.
     tokenizer_threads: int = attrs.field(default=1, validator=_non_negative)
+    #: Fraction of requests (by request id, see ``diverges``) whose output
+    #: differs from token position ``diverge_at`` on.
+    diverge_fraction: float = attrs.field(default=0.0, validator=_non_negative)
+    diverge_at: int = attrs.field(default=0, validator=_non_negative)
+
+
+def diverges(request_id: str, fraction: float) -> bool:
+    """Whether a request with this id diverges at ``diverge_fraction`` = fraction
+    (a CRC-32 of the id: the same id always decides alike, and a smaller fraction
+    selects a subset of a larger one)."""
+    return zlib.crc32(request_id.encode()) < fraction * 2**32
 
 
 def _count(name: str, value: str) -> int:

@@ -24,6 +24,7 @@ from shadow_proxy.devtools.frontend.config import (
     FAULT_FIELD,
     Faults,
     MockRequestError,
+    diverges,
 )
 from shadow_proxy.devtools.frontend.models import ServedModel
 
@@ -46,6 +47,8 @@ class Request:
     max_tokens: int
     #: One per prompt: a text to encode, or the length of a token-id prompt.
     prompts: list[str | int]
+    #: The client's ``x-request-id`` (divergence is decided by it).
+    request_id: str | None = None
 
 
 def read_request(
@@ -55,6 +58,7 @@ def read_request(
     chat: bool,
     models: Mapping[str, ServedModel],
     default_max_tokens: int,
+    request_id: str | None = None,
 ) -> Request:
     """Validate a request body; raises ``MockRequestError`` for anything a real
     frontend would reject (bad JSON, unknown model, bad counts, a template
@@ -89,12 +93,20 @@ def read_request(
         prompts: list[str | int] = [model.chat_prompt_text(body)]
     else:
         prompts = model.completion_prompts(body.get("prompt"))
-    return Request(chat, body, faults, model, n, max_tokens, prompts)
+    return Request(chat, body, faults, model, n, max_tokens, prompts, request_id)
 
 
-def plan(request: Request, prompt_tokens: list[int]) -> Generation:
+def plan(
+    request: Request,
+    prompt_tokens: list[int],
+    *,
+    diverge_fraction: float = 0.0,
+    diverge_at: int = 0,
+) -> Generation:
     """What to generate for ``request`` whose prompts count ``prompt_tokens``
-    (one per prompt); ``MockRequestError`` when they do not fit the context."""
+    (one per prompt); ``MockRequestError`` when they do not fit the context.
+    With ``diverge_fraction``, a request whose id (the client's, else the
+    response's) ``diverges`` skips one output token from ``diverge_at`` on."""
     model, max_tokens = request.model, request.max_tokens
     longest = max(prompt_tokens)
     if model.context_length is not None and longest + max_tokens > model.context_length:
@@ -111,11 +123,13 @@ def plan(request: Request, prompt_tokens: list[int]) -> Generation:
     stop_after = faults.stop_after
     early_stop = stop_after is not None and stop_after < max_tokens
     prefix = "chatcmpl" if request.chat else "cmpl"
+    response_id = f"{prefix}-{uuid.uuid4().hex}"
+    diverge = diverge_fraction > 0 and diverges(request.request_id or response_id, diverge_fraction)
     return Generation(
         chat=request.chat,
         stream=stream,
         model=model,
-        response_id=f"{prefix}-{uuid.uuid4().hex}",
+        response_id=response_id,
         created=int(time.time()),
         choices=request.n * len(prompt_tokens),
         tokens_per_choice=stop_after if early_stop and stop_after is not None else max_tokens,
@@ -123,6 +137,7 @@ def plan(request: Request, prompt_tokens: list[int]) -> Generation:
         prompt_tokens=sum(prompt_tokens),
         include_usage=include_usage,
         faults=faults,
+        diverge_at=diverge_at if diverge else None,
     )
 
 
@@ -141,6 +156,8 @@ class Generation:
     prompt_tokens: int
     include_usage: bool
     faults: Faults
+    #: Token position from which the output skips one token (None: it does not).
+    diverge_at: int | None = None
 
     @property
     def usage(self) -> dict[str, int]:
@@ -184,12 +201,16 @@ class ChunkEncoder:
                 self.head,
                 self.index[index],
                 self.first if step == 0 else self.later,
-                texts[step % len(texts)],
+                texts[self._step(step) % len(texts)],
                 self.after_text,
                 b"null" if finish is None else b'"' + finish.encode() + b'"',
                 b"}]}\n\n",
             )
         )
+
+    def _step(self, step: int) -> int:
+        at = self.gen.diverge_at
+        return step + 1 if at is not None and step >= at else step
 
     def usage(self) -> bytes:
         gen = self.gen
@@ -207,7 +228,7 @@ class ChunkEncoder:
 
 def unary_body(gen: Generation) -> dict[str, Any]:
     """The whole answer of a non-streaming request."""
-    text = gen.model.output_text(gen.tokens_per_choice)
+    text = gen.model.output_text(gen.tokens_per_choice, gen.diverge_at)
     choices: list[dict[str, Any]] = []
     for index in range(gen.choices):
         choice: dict[str, Any] = {"index": index}

@@ -135,8 +135,16 @@ class Handlers:
             chat=chat,
             models=self.models,
             default_max_tokens=self.config.default_max_tokens,
+            request_id=request.headers.get(REQUEST_ID_HEADER),
         )
-        return plan(accepted, await self._count(accepted.model, accepted.prompts))
+        counts = await self._count(accepted.model, accepted.prompts)
+        config = self.config
+        return plan(
+            accepted,
+            counts,
+            diverge_fraction=config.diverge_fraction,
+            diverge_at=config.diverge_at,
+        )
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         """Runs once per generation request. Every request started is counted

@@ -160,8 +160,14 @@ class ServedModel:
         msg = "'prompt' must be a string, a list of token ids, or a list of either"
         raise MockRequestError(msg)
 
-    def output_text(self, count: int) -> str:
-        """The text of the first ``count`` output tokens of the cycle."""
+    def output_text(self, count: int, diverge_at: int | None = None) -> str:
+        """The text of the first ``count`` output tokens of the cycle; from
+        position ``diverge_at`` on, one token of the cycle is skipped."""
+        if diverge_at is not None and diverge_at < count:
+            cycle = self.output_texts
+            return self.output_text(diverge_at) + "".join(
+                cycle[(step + 1) % len(cycle)] for step in range(diverge_at, count)
+            )
         cycle = self.output_texts
         full, rest = divmod(count, len(cycle))
         return "".join(cycle) * full + "".join(cycle[:rest])

@@ -25,6 +25,9 @@ LINGER_MS = 200
 
 
 class Publisher:
+    #: Records sent and not yet confirmed: none, a ZeroMQ send is final.
+    in_flight = 0
+
     def __init__(self, context: zmq.Context, queue: TapQueue):
         config = queue.config
         self.queue = queue

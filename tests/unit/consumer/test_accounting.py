@@ -155,7 +155,7 @@ class TestUndecodable:
             (record_frames(0, topic="shadow"), "topic"),
             (wire.encode_frames(TOPIC, 1, 0, 0, b"\x93\x01\x02\x03"), "envelope"),
             (record_frames(0, schema_version=2), "schema"),
-            (record_frames(0, request={"model": "m"}), "record"),
+            (record_frames(0, request={"model": "m", "token_ids": "12"}), "record"),
             (record_frames(0, tap=5), "record"),
             (wire.encode_frames(wire.heartbeat_topic(TOPIC), 1, 0, 0, b"\x80"), "heartbeat"),
         ],

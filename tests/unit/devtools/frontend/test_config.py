@@ -11,6 +11,7 @@ from shadow_proxy.devtools.frontend import (
     MockConfig,
     MockRequestError,
 )
+from shadow_proxy.devtools.frontend.config import diverges
 
 
 class TestFaultParsing:
@@ -41,3 +42,15 @@ class TestConfigAndCli:
     def test_negative_itl(self, model_dirs: dict[str, Path]) -> None:
         with pytest.raises(ValueError, match=r"'itl_ms' must be at least 0 \(got -1\)"):
             MockConfig(models=model_dirs, itl_ms=-1)
+
+
+class TestDivergesRule:
+    """The divergence rule: by request id, a smaller fraction a subset of a larger."""
+
+    def test_fraction_is_a_subset_rule(self) -> None:
+        ids = [f"r{k}" for k in range(2000)]
+        small = {i for i in ids if diverges(i, 0.1)}
+        large = {i for i in ids if diverges(i, 0.3)}
+        assert small < large
+        assert 120 < len(small) < 280
+        assert all(diverges(i, 1.0) for i in ids)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
-from shadow_proxy.devtools.frontend import generation
+from shadow_proxy.devtools.frontend import (
+    MockConfig,
+    diverges,
+    generation,
+    load_models,
+    serve_mock_frontend,
+)
 from shadow_proxy.devtools.frontend.config import MockRequestError
 from shadow_proxy.devtools.frontend.models import ServedModel
 from tests.support.frontend import HELLO, Server, fault, sse_events, stats_of
@@ -271,3 +278,54 @@ class TestEncoding:
         unary = generation.unary_body(gen)
         assert [c["index"] for c in unary["choices"]] == [0, 1]
         assert unary["choices"][0]["message"]["content"] == served["deepseek"].output_text(2)
+
+
+async def _texts(url: str, request_id: str, *, stream: bool, n: int = 1) -> list[str]:
+    body = {"model": "deepseek", "prompt": [1, 2, 3], "max_tokens": 12, "n": n, "stream": stream}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/v1/completions", json=body, headers={"x-request-id": request_id}
+        ) as resp,
+    ):
+        assert resp.status == 200
+        if not stream:
+            return [c["text"] for c in (await resp.json())["choices"]]
+        texts = [""] * n
+        async for line in resp.content:
+            data = line.strip().removeprefix(b"data: ")
+            if data and data != b"[DONE]":
+                for choice in json.loads(data)["choices"]:
+                    texts[choice["index"]] += choice["text"]
+        return texts
+
+
+class TestDivergence:
+    """Requests in the fraction skip one cycle token from ``diverge_at`` on; others do not."""
+
+    async def test_selected_requests_diverge_at_the_position(
+        self, model_dirs: dict[str, Path]
+    ) -> None:
+        config = MockConfig(
+            models={"deepseek": model_dirs["deepseek"]}, diverge_fraction=0.5, diverge_at=4
+        )
+        models = load_models(config)
+        plain = models["deepseek"].output_texts
+        ids = [f"req-{k}" for k in range(40)]
+        chosen = [i for i in ids if diverges(i, 0.5)]
+        assert 5 < len(chosen) < 35  # the hash spreads ids over the fraction
+        async with serve_mock_frontend(config, models) as (url, _app):
+            for request_id in ids:
+                for stream in (True, False):
+                    texts = await _texts(url, request_id, stream=stream, n=2)
+                    expected = list(plain[:12])
+                    if request_id in chosen:
+                        expected[4:] = plain[5:13]
+                    assert texts == ["".join(expected)] * 2, (request_id, stream)
+
+    async def test_off_by_default(self, model_dirs: dict[str, Path]) -> None:
+        config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, diverge_at=0)
+        models = load_models(config)
+        async with serve_mock_frontend(config, models) as (url, _app):
+            texts = await _texts(url, "req-1", stream=True)
+        assert texts == ["".join(models["deepseek"].output_texts[:12])]

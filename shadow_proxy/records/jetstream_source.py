@@ -1,0 +1,183 @@
+"""Records from a JetStream stream, read with a durable pull consumer (SPEC 8 and 9).
+
+``JetStreamSource`` is the ``RecordSource`` that ``sources.open_source`` opens
+for ``--nats URL --stream S --tap NAME --durable NAME``. It yields a
+``Delivery`` per record and acknowledges nothing on its own: the caller handles
+the record (counts it, writes it, replays it) and then ``await
+delivery.ack()``. A record not acknowledged within the durable's ``ack_wait``
+is delivered again, to this process or to another one on the same durable, so
+a reader that dies loses nothing and a restarted one resumes at the durable's
+position. Several processes on one durable split the records: the way to
+scale a reader out.
+
+Delivery is at least once; with ``dedup`` each ``(publisher_id, tap, seq)`` is
+yielded once per process (a redelivery of a record already yielded is
+acknowledged here and counted in ``stats.duplicates``).
+
+The durable filters the tap's subject and its heartbeat subject
+(``{subject}.heartbeat``); heartbeats are acknowledged when read. A message
+that is not a record of this tap (no Shadow headers, another tap, not
+MessagePack, not an envelope) is counted in ``stats.unreadable`` by a fixed
+reason word, acknowledged so that it is not delivered again, and skipped.
+
+Each delivery's ``message`` carries the publisher's headers as SPEC 4's
+transport fields: ``publisher_id`` from ``Shadow-Publisher-Id``, ``sequence``
+from ``Shadow-Transport-Seq`` (dense per publisher: a gap is a record lost
+after the publisher took it over), ``published_at`` the stream's timestamp.
+
+The subject of a tap is the proxy's: ``shadow.{topic}``, the topic defaulting
+to ``shadow-requests-{tap}`` (pass ``topic`` or ``subject`` when the tap names
+its own).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js import api
+
+from shadow_proxy.records import wire
+from shadow_proxy.records.sources import Delivery, RecordSource, SourceError
+
+DEFAULT_STREAM = "SHADOW"
+#: How long a delivered record may stay unacknowledged before it is delivered
+#: again (JetStream's default): longer than handling one batch takes.
+DEFAULT_ACK_WAIT_S = 30.0
+DEFAULT_BATCH = 256
+#: At most this many records delivered and not acknowledged, per durable.
+MAX_ACK_PENDING = 4096
+FETCH_WAIT_S = 1.0
+
+
+def default_subject(tap: str, topic: str | None = None) -> str:
+    """The subject a tap publishes to when its configuration names none."""
+    return f"shadow.{topic or f'shadow-requests-{tap}'}"
+
+
+class JetStreamSource(RecordSource):
+    """A durable pull consumer on one tap's subject (opened on first iteration)."""
+
+    live = True
+    redelivers = True
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        stream: str,
+        tap: str,
+        durable: str,
+        *,
+        topic: str | None = None,
+        subject: str | None = None,
+        ack_wait_s: float = DEFAULT_ACK_WAIT_S,
+        batch: int = DEFAULT_BATCH,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.servers = list(servers)
+        self.stream = stream
+        self.tap = tap
+        self.durable = durable
+        self.subject = subject or default_subject(tap, topic)
+        #: What the consumer's accounts and summary call the source.
+        self.topic = self.subject
+        self.endpoints = self.servers
+        self.ack_wait_s = ack_wait_s
+        self.batch = batch
+        self._nc: Any = None
+        self._sub: Any = None
+
+    @property
+    def filter_subjects(self) -> list[str]:
+        return [self.subject, wire.heartbeat_topic(self.subject)]
+
+    def describe(self) -> str:
+        return (
+            f"stream {self.stream} subject {self.subject} durable {self.durable} "
+            f"at {','.join(self.servers)}"
+        )
+
+    async def open(self) -> None:
+        """Connect and bind the durable (created if it does not exist). Raises
+        ``SourceError`` when the stream is missing or the durable reads other
+        subjects (another tap's readers chose the same name)."""
+        self._nc = await nats.connect(
+            servers=self.servers,
+            name=f"shadow reader {self.durable}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            connect_timeout=2,
+        )
+        config = api.ConsumerConfig(
+            durable_name=self.durable,
+            filter_subjects=self.filter_subjects,
+            deliver_policy=api.DeliverPolicy.ALL,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_ack_pending=MAX_ACK_PENDING,
+        )
+        js = self._nc.jetstream()
+        try:
+            self._sub = await js.pull_subscribe(
+                None, durable=self.durable, stream=self.stream, config=config
+            )
+            info = await self._sub.consumer_info()
+        except nats.js.errors.NotFoundError as e:
+            await self.aclose()
+            msg = f"no JetStream stream {self.stream!r} at {', '.join(self.servers)}"
+            raise SourceError(msg) from e
+        found = info.config.filter_subjects or [info.config.filter_subject]
+        if sorted(filter(None, found)) != sorted(self.filter_subjects):
+            await self.aclose()
+            msg = (
+                f"durable {self.durable!r} of stream {self.stream!r} reads {found}, not "
+                f"{self.filter_subjects}: choose another --durable for this tap"
+            )
+            raise SourceError(msg)
+
+    async def aclose(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            await self._nc.close()
+
+    async def deliveries(self) -> AsyncIterator[Delivery]:
+        if self._sub is None:
+            await self.open()
+        while True:
+            try:
+                messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            for message in messages:
+                delivery = self._delivery(message)
+                if delivery is None or delivery.heartbeat is not None:
+                    await message.ack()
+                if delivery is not None:
+                    yield delivery
+
+    def _delivery(self, message: Msg) -> Delivery | None:
+        """The delivery a message makes; None (counted) when it is none."""
+        headers = message.headers or {}
+        try:
+            publisher_id = int(headers["Shadow-Publisher-Id"])
+            tap = headers["Shadow-Tap"]
+            sequence = int(headers.get("Shadow-Transport-Seq") or headers.get("Shadow-Seq", 0))
+        except (KeyError, ValueError):
+            self.stats.reject("headers", len(message.data))
+            return None
+        if tap != self.tap:
+            self.stats.reject("tap", len(message.data))
+            return None
+        stamp = message.metadata.timestamp
+        published_at_ms = int(stamp.timestamp() * 1000) if stamp is not None else 0
+        transport = wire.Message(
+            message.subject, publisher_id, max(0, sequence), published_at_ms, message.data
+        )
+        where = f"{self.stream}#{message.metadata.sequence.stream}"
+        if message.subject == self.subject:
+            return self._record(transport, where, ack=message.ack)
+        return self._heartbeat(transport, where)

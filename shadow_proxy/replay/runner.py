@@ -1,0 +1,240 @@
+"""One replay run: records in, requests out, pairs compared, report written.
+
+``Replay.run`` runs once per invocation of ``shadow-replay``. It takes an async
+iterable of decoded envelopes (any record source), builds each record's
+request (``request.build_request``; records that cannot be replayed are counted
+by reason), paces them (``schedule.Scheduler``), sends each to the candidate
+and, with a baseline, to the baseline at the same moment, compares both
+answers with the primary's (``compare``), counts (``stats.Tally``) and writes
+the pair line as it finishes. Whatever ends the run (the source's end, or
+cancellation on Ctrl-C), the report of what was done is written before
+``run`` returns; ``summary["run"]["complete"]`` says which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import sys
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+
+from shadow_proxy.replay.client import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_READ_TIMEOUT_S,
+    CandidateClient,
+)
+from shadow_proxy.replay.compare import Observation, compare, primary_observation
+from shadow_proxy.replay.report import PairsWriter, write_report
+from shadow_proxy.replay.request import (
+    DEFAULT_REQUEST_ID_HEADER,
+    CandidateRequest,
+    Skip,
+    build_request,
+)
+from shadow_proxy.replay.schedule import ScheduleConfig, Scheduler
+from shadow_proxy.replay.stats import (
+    DEFAULT_MAX_SAMPLES,
+    DEFAULT_MIN_DIFF_MS,
+    DEFAULT_TOLERANCE,
+    Samples,
+    Tally,
+)
+
+PROGRESS_INTERVAL_S = 0.5
+
+Item = tuple[Mapping[str, Any], CandidateRequest]
+
+
+@attrs.frozen
+class ReplayOptions:
+    """Everything a run needs besides its records."""
+
+    candidate: str
+    out_dir: Path
+    baseline: str | None = None
+    #: None: ``--speed max``.
+    speed: float | None = 1.0
+    concurrency: int = 16
+    max_lag_s: float = 5.0
+    model: str | None = None
+    compare: bool = True
+    live: bool = False
+    tolerance: float = DEFAULT_TOLERANCE
+    min_diff_ms: float = DEFAULT_MIN_DIFF_MS
+    tokenizer: Path | None = None
+    request_id_header: str = DEFAULT_REQUEST_ID_HEADER
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    max_samples: int = DEFAULT_MAX_SAMPLES
+
+
+def load_tokenizer(path: Path) -> Any:
+    """``tokenizers.Tokenizer`` from a model directory's tokenizer.json (or the file)."""
+    from tokenizers import Tokenizer
+
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        msg = f"'--tokenizer' must name a tokenizer.json or a directory holding one (got {path})"
+        raise ValueError(msg)
+    return Tokenizer.from_file(str(file))
+
+
+class Replay:
+    """A replay run; ``run`` once."""
+
+    def __init__(self, options: ReplayOptions, command: str, err: TextIO | None = None) -> None:
+        self.options = options
+        self.command = command
+        self.err = err if err is not None else sys.stderr
+        self.tally = Tally(
+            has_baseline=options.baseline is not None and options.compare,
+            tolerance=options.tolerance,
+            min_diff_ms=options.min_diff_ms,
+            samples=Samples(max_samples=options.max_samples),
+        )
+        self.scheduler: Scheduler[Item] = Scheduler(
+            ScheduleConfig(
+                concurrency=options.concurrency,
+                speed=options.speed,
+                max_lag_s=options.max_lag_s,
+                live=options.live,
+            ),
+            self._send,
+            self._late,
+        )
+        self._tokenizer = load_tokenizer(options.tokenizer) if options.tokenizer else None
+        self._candidate: CandidateClient | None = None
+        self._baseline: CandidateClient | None = None
+        self._pairs: PairsWriter | None = None
+
+    def _client(self, url: str) -> CandidateClient:
+        o = self.options
+        return CandidateClient(
+            url,
+            concurrency=o.concurrency,
+            tokenizer=self._tokenizer if o.compare else None,
+            connect_timeout_s=o.connect_timeout_s,
+            read_timeout_s=o.read_timeout_s,
+        )
+
+    async def run(
+        self,
+        envelopes: AsyncIterable[Mapping[str, Any]],
+        unreadable: Callable[[], Mapping[str, int]] | None = None,
+    ) -> dict[str, Any]:
+        """Replay every record; returns the summary (also written to DIR)."""
+        o = self.options
+        started_wall = datetime.datetime.now(datetime.UTC)
+        started = time.monotonic()
+        cpu_started = time.process_time()
+        complete = False
+        self._pairs = PairsWriter(o.out_dir)
+        self._candidate = self._client(o.candidate)
+        self._baseline = self._client(o.baseline) if o.baseline and o.compare else None
+        progress = asyncio.create_task(self._progress(started)) if self.err.isatty() else None
+        try:
+            await self.scheduler.run(self._items(envelopes))
+            complete = True
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        finally:
+            elapsed = time.monotonic() - started
+            cpu = time.process_time() - cpu_started
+            if progress is not None:
+                progress.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await progress
+                print(file=self.err)
+            self._pairs.close()
+            await self._candidate.close()
+            if self._baseline is not None:
+                await self._baseline.close()
+        run = {
+            "candidate": o.candidate,
+            "baseline": o.baseline,
+            "speed": "max" if o.speed is None else o.speed,
+            "concurrency": o.concurrency,
+            "max_lag_s": o.max_lag_s,
+            "model": o.model,
+            "compare": o.compare,
+            "queue_bound": self.scheduler.config.bound,
+            "max_queue_depth": self.scheduler.counts.max_depth,
+            "unreadable": dict(unreadable()) if unreadable else {},
+            "started": started_wall.isoformat(timespec="seconds"),
+            "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "elapsed_s": round(elapsed, 3),
+            # CPU of this process (all threads) while replaying, report excluded.
+            "cpu_s": round(cpu, 3),
+            "complete": complete,
+        }
+        return write_report(o.out_dir, self.tally, run, self.command)
+
+    async def _items(
+        self, envelopes: AsyncIterable[Mapping[str, Any]]
+    ) -> AsyncIterator[tuple[Item, int | None]]:
+        o = self.options
+        async for envelope in envelopes:
+            built = build_request(
+                envelope, model=o.model, compare=o.compare, request_id_header=o.request_id_header
+            )
+            if isinstance(built, Skip):
+                self.tally.skip(built.reason)
+                continue
+            arrival = envelope.get("arrival_unix_ns")
+            yield (envelope, built), arrival if isinstance(arrival, int) else None
+
+    def _late(self, item: Item) -> None:
+        self.tally.skip("late")
+
+    async def _send(self, item: Item) -> None:
+        envelope, request = item
+        assert self._candidate is not None and self._pairs is not None
+        if self._baseline is None:
+            candidate = await self._candidate.send(request)
+            baseline: Observation | None = None
+        else:
+            candidate, baseline = await asyncio.gather(
+                self._candidate.send(request), self._baseline.send(request)
+            )
+        line: dict[str, Any] = {
+            "request_id": request.request_id,
+            "tap": envelope.get("tap"),
+            "seq": envelope.get("seq"),
+            "model": request.body["model"],
+            "prompt_tokens": request.prompt_tokens,
+        }
+        if not self.options.compare:
+            self.tally.add(None, candidate, None)
+            self._pairs.write({**line, "candidate": candidate.to_json()})
+            return
+        primary = primary_observation(envelope)
+        diff = compare(primary, candidate, request.prompt_tokens)
+        base_diff = None if baseline is None else compare(primary, baseline, request.prompt_tokens)
+        judged = self.tally.add(primary, candidate, diff, baseline, base_diff)
+        line.update(primary=primary.to_json(), candidate=candidate.to_json())
+        line["candidate_diff"] = diff.to_json()
+        if baseline is not None and base_diff is not None:
+            line.update(baseline=baseline.to_json(), baseline_diff=base_diff.to_json())
+        line["counted"] = judged
+        self._pairs.write(line)
+
+    async def _progress(self, started: float) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
+            t, c = self.tally, self.scheduler.counts
+            elapsed = max(time.monotonic() - started, 1e-9)
+            skipped = sum(t.skipped.values())
+            self.err.write(
+                f"\rreplayed={t.replayed} ({t.replayed / elapsed:.1f}/s) skipped={skipped} "
+                f"errors={t.errors} in_flight={c.in_flight} queue={self.scheduler.depth} "
+                f"exact_match={t.exact_matches}/{t.compared}   "
+            )
+            self.err.flush()
