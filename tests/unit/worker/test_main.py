@@ -56,12 +56,13 @@ class TestPublishing:
             assert set(kv) == {
                 "name", "topic", "endpoint", "capture", "filters", "models", "sample",
                 "capacity", "publisher_id", "next_seq", "queued", "published", "dropped",
-                "skipped", "publish_errors", "queue_depth",
+                "skipped", "publish_errors", "queue_depth", "transport",
             }  # fmt: skip
             assert (kv["name"], kv["endpoint"], kv["next_seq"], kv["queue_depth"]) == (
                 "kv", "inproc://kv", 1, 1,
             )  # fmt: skip
             assert kv["publisher_id"] != replay["publisher_id"]
+            assert kv["transport"] == "zmq"
             assert replay["next_seq"] == 0
         finally:
             publishing.close()
