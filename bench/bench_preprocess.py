@@ -1,14 +1,14 @@
 """Prompts per second of ``Preprocessor.preprocess`` at 128, 2048 and 16k prompt tokens.
 
-Run with the project's venv: ``.venv/bin/python bench/bench_preprocess.py [MODELS_DIR]``.
+Run with the project's venv: ``.venv/bin/python bench/bench_preprocess.py [--models DIR]``.
 Builds the two local model directories if missing (no network) and prints a
 Markdown table. Single process, single thread: the tap worker's view.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -54,9 +54,20 @@ def rate(pre: Preprocessor, body: bytes) -> tuple[float, int]:
     return count / elapsed, len(result.token_ids)
 
 
-def main(argv: list[str]) -> int:
-    root = Path(argv[0] if argv else ".models")
-    dirs = modeldirs.build_all(root)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench_preprocess.py",
+        description="Prompts per second of the tap worker's preprocessing at "
+        f"{', '.join(map(str, TARGETS))} prompt tokens, one thread; a Markdown table.",
+    )
+    parser.add_argument(
+        "--models",
+        type=Path,
+        default=Path(".models"),
+        help="the local model directories, built there if missing [.models]",
+    )
+    args = parser.parse_args(argv)
+    dirs = modeldirs.build_all(args.models)
     # Longer prompts than the context would be refused; lift the limit for the bench.
     models = {name: load_model(name, str(path), 1_000_000) for name, path in dirs.items()}
     print("| model | prompt tokens | prompts/s | ms/prompt |")
@@ -70,4 +81,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

@@ -31,7 +31,9 @@ Regimes:
 ``--profile`` adds one unmeasured run of the ``taps`` case with py-spy
 attached to the serving process and to the tap worker, and reports their top
 functions. Results go to ``bench/results/<timestamp>-<regime>.{json,md}`` and
-``bench/results/latest.md``.
+``bench/results/latest.md`` (the newest run's tables; untracked, in
+.gitignore: a run never rewrites a committed file; commit the timestamped
+files you mean to keep).
 """
 
 from __future__ import annotations

@@ -18,6 +18,17 @@ log = logging.getLogger("shadow_proxy")
 
 EXIT_CONFIG = 2
 
+DESCRIPTION = (
+    "A reverse-proxy sidecar for OpenAI-compatible LLM frontends: it forwards "
+    "traffic unchanged and publishes each request, as the engine sees it, on taps."
+)
+EPILOG = (
+    "Configuration: --config FILE or $SHADOW_PROXY_CONFIG (config/example.yaml). "
+    "A start-up error (invalid file, port in use, tokenizer missing) exits with "
+    "status 2 and one line naming the file, line and key. "
+    "'shadow-proxy COMMAND --help' describes each command."
+)
+
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
@@ -40,47 +51,30 @@ def load_config(path: str | None) -> Config:
 
 def serve(args: argparse.Namespace) -> int:
     """Run the proxy until SIGTERM or SIGINT; in-flight streams get the grace period."""
-    import uvloop
-    from aiohttp import web
-
-    from shadow_proxy.serving.app import make_app
-
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(f"shadow-proxy: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    app = make_app(config)
-    log.info(
-        "serving on %s:%d, forwarding to %s, %d tap(s)",
-        config.listen.host,
-        config.listen.port,
-        config.upstream.url,
-        len(config.taps),
-    )
+    from shadow_proxy.serving.server import run
     from shadow_proxy.serving.supervisor import StartupError
 
     try:
-        web.run_app(
-            app,
-            host=config.listen.host,
-            port=config.listen.port,
-            shutdown_timeout=config.shutdown_grace_s,
-            handler_cancellation=True,
-            access_log=None,
-            print=None,
-            loop=uvloop.new_event_loop(),
-        )
+        run(config)
     except StartupError as e:
-        print(f"shadow-proxy: {config.path}: {e}", file=sys.stderr)
+        print(f"shadow-proxy: {e}", file=sys.stderr)
         return EXIT_CONFIG
     log.info("stopped")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shadow-proxy", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default=os.environ.get("SHADOW_PROXY_LOG_LEVEL", "info"))
+    parser = argparse.ArgumentParser(prog="shadow-proxy", description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("SHADOW_PROXY_LOG_LEVEL", "info"),
+        help="debug, info, warning or error [$SHADOW_PROXY_LOG_LEVEL or info]",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the proxy")

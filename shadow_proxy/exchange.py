@@ -18,6 +18,7 @@ class Route(enum.IntEnum):
     CHAT = 1
     COMPLETIONS = 2
     MODELS = 3
+    RESPONSES = 4
 
     @property
     def label(self) -> str:
@@ -26,17 +27,19 @@ class Route(enum.IntEnum):
     @property
     def origin(self) -> str:
         """The envelope's ``origin`` field."""
-        return {Route.CHAT: "chat", Route.COMPLETIONS: "completions"}.get(self, "other")
+        return _ORIGINS.get(self, "other")
 
     @property
     def mirrored(self) -> bool:
         """Whether requests on this route are handed to the taps."""
-        return self in (Route.CHAT, Route.COMPLETIONS)
+        return self in _ORIGINS
 
 
+_ORIGINS = {Route.CHAT: "chat", Route.COMPLETIONS: "completions", Route.RESPONSES: "responses"}
 _ROUTES = {
     "/v1/chat/completions": Route.CHAT,
     "/v1/completions": Route.COMPLETIONS,
+    "/v1/responses": Route.RESPONSES,
     "/v1/models": Route.MODELS,
 }
 

@@ -5,7 +5,10 @@ Pure functions and ``struct`` layouts; the sockets live in
 is a few frames; the first is a one-byte kind, the request's 8-byte key (a
 counter of the serving process, never the client's id) and the kind's meta:
 
-- ``q`` request: meta ``REQUEST_META``; frames: request id, body.
+- ``q`` request: meta ``REQUEST_META``; frames: request id, body (the bytes
+  the client sent), engine headers (``channel.headers``: the allow-listed
+  request headers, ``name:value\n`` each), content-encoding (the request's
+  header, ASCII; empty for none: the worker decodes its own copy, bounded).
 - ``c`` chunks: frames: head, index, joined chunks.
 - ``e`` end: meta ``END_META``; frames: head, detail, index, joined chunks.
 - ``z`` last: the serving process closes the pipe; nothing follows.
@@ -36,6 +39,16 @@ LAST_MESSAGE = KIND_LAST + KEY.pack(0)
 def split_header(frame: bytes) -> tuple[bytes, bytes, bytes]:
     """The kind, the key and the meta of a message's first frame."""
     return frame[:1], frame[1:HEADER], frame[HEADER:]
+
+
+def pack_encoding(content_encoding: str) -> bytes:
+    """The ``q`` message's content-encoding frame (the header value as sent)."""
+    return content_encoding.encode("latin-1", "replace")
+
+
+def unpack_encoding(frames: list[bytes]) -> str:
+    """The content-encoding of a ``q`` message's frames ('' for none)."""
+    return frames[4].decode("latin-1") if len(frames) > 4 else ""
 
 
 def pack_head(status: int, offset_ns: int, content_type: str, content_encoding: str) -> bytes:

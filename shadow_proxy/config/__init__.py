@@ -9,6 +9,7 @@ from shadow_proxy.config.reader import ConfigError
 from shadow_proxy.config.schema import Config
 from shadow_proxy.config.values import (
     MIB,
+    CurveKeys,
     Listen,
     ModelEntry,
     Publish,
@@ -23,6 +24,7 @@ __all__ = [
     "MIB",
     "Config",
     "ConfigError",
+    "CurveKeys",
     "Listen",
     "ModelEntry",
     "NatsConfig",

@@ -30,10 +30,35 @@ class Lines(dict):
     key_lines: dict[str, int]
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice (YAML says keys are unique; PyYAML
+    would keep the last one silently)."""
+
+    def __init__(self, key: str, first_line: int, line: int):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first_line, self.line = key, first_line, line
+
+
 class LineLoader(yaml.SafeLoader):
-    """A SafeLoader whose mappings are ``Lines``: they know where each key stands."""
+    """A SafeLoader whose mappings are ``Lines``: they know where each key stands.
+
+    A key given twice in one mapping is an error naming both lines: two
+    ``port:`` lines or two ``taps:`` blocks must not silently change what is
+    served or mirrored.
+    """
 
     def construct_yaml_map(self, node):
+        first: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                key_node, yaml.ScalarNode
+            ):
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in first:
+                raise DuplicateKeyError(str(key), first[key], line)
+            first[key] = line
         data = Lines()
         data.line = node.start_mark.line + 1
         data.key_lines = {}
@@ -54,6 +79,12 @@ def load_yaml(text: str, path: str) -> Any:
     """The YAML document in ``text``, its mappings as ``Lines``."""
     try:
         return yaml.load(text, Loader=LineLoader)
+    except DuplicateKeyError as e:
+        msg = (
+            f"{path}:{e.line}: '{e.key}' is given twice (lines {e.first_line} and {e.line}); "
+            "a key may appear once per mapping"
+        )
+        raise ConfigError(msg) from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else path
@@ -74,6 +105,16 @@ class Reader:
 
     def __init__(self, path: str):
         self.path = path
+        #: The line of every key read (``listen.port``, ``taps[a].endpoint``), or
+        #: of its mapping when the key is absent: for errors found later (a
+        #: port in use, a tokenizer that does not load).
+        self.lines: dict[str, int] = {}
+
+    def note(self, mapping: Mapping, key: str, name: str) -> None:
+        """Remember where ``name`` (read as ``key`` of ``mapping``) stands."""
+        line = getattr(mapping, "key_lines", {}).get(key) or getattr(mapping, "line", 0)
+        if line:
+            self.lines[name] = line
 
     def fail(self, where: Mapping | None, key: str, expected: str, got: Any = MISSING) -> None:
         line = getattr(where, "key_lines", {}).get(key.rsplit(".", 1)[-1]) or getattr(
@@ -90,6 +131,7 @@ class Reader:
             return Lines()
         if not isinstance(value, Mapping):
             self.fail(parent, f"{prefix}{key}", "must be a mapping", value)
+        self.note(parent, key, f"{prefix}{key}")
         self.known(value, f"{prefix}{key}.", allowed)
         return value
 
@@ -109,6 +151,7 @@ class Reader:
         check: Callable[[Any], str | None] | None = None,
     ) -> Any:
         name = f"{prefix}{key}"
+        self.note(mapping, key, name)
         value = mapping.get(key, MISSING)
         if value is MISSING:
             if default is MISSING:

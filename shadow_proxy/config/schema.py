@@ -7,6 +7,7 @@ checked, and every error names the file, line, key, expectation and value.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from shadow_proxy.config.nats import NatsConfig, parse_nats_section, parse_tap_t
 from shadow_proxy.config.reader import MISSING, ConfigError, Reader, load_yaml, plain
 from shadow_proxy.config.values import (
     MIB,
+    TEMPLATE_ENGINES,
+    CurveKeys,
     Listen,
     ModelEntry,
     Publish,
@@ -43,6 +46,19 @@ class Config:
     worker: WorkerOptions = attrs.field(factory=WorkerOptions)
     #: The JetStream connection and stream; set when the file has a ``nats`` section.
     nats: NatsConfig | None = None
+    #: The line of each key read (``listen.port``, ``models[0].tokenizer``,
+    #: ``taps[a].endpoint``): for errors found after reading (``where``).
+    lines: Mapping[str, int] = attrs.field(factory=dict, eq=False, repr=False)
+
+    def where(self, key: str) -> str:
+        """``file:line: 'key'`` for an error about a value found after reading
+        (a port in use, a tokenizer that does not load). Without the key's own
+        line, its section's (``taps[a]`` for ``taps[a].endpoint``)."""
+        line, parent = self.lines.get(key), key
+        while line is None and "." in parent:
+            parent = parent.rsplit(".", 1)[0]
+            line = self.lines.get(parent)
+        return f"{self.path}:{line}: '{key}'" if line else f"{self.path}: '{key}'"
 
     @property
     def capture_response(self) -> bool:
@@ -61,11 +77,13 @@ class Config:
         except UnicodeDecodeError as e:
             msg = f"{path}: the configuration file is not UTF-8"
             raise ConfigError(msg) from e
-        return cls.from_text(text, path)
+        return cls.from_text(text, path, base_dir=Path(path).resolve().parent)
 
     @classmethod
-    def from_text(cls, text: str, path: str = "<config>") -> Config:
-        return _SchemaReader(path).config(load_yaml(text, path))
+    def from_text(cls, text: str, path: str = "<config>", base_dir: Path | None = None) -> Config:
+        """Read ``text``; relative paths in it (tokenizers, key files) are read
+        from ``base_dir`` (the file's directory), else from the working directory."""
+        return _SchemaReader(path, base_dir).config(load_yaml(text, path))
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any], path: str = "<config>") -> Config:
@@ -75,6 +93,18 @@ class Config:
 
 class _SchemaReader(Reader):
     """Each method validates one section of the file."""
+
+    def __init__(self, path: str, base_dir: Path | None):
+        super().__init__(path)
+        self.base_dir = base_dir
+
+    def local_path(self, value: str) -> Path:
+        """``value`` as a path: ``~`` expanded, relative to the file's directory."""
+        path = Path(value).expanduser()
+        if not path.is_absolute() and self.base_dir is not None:
+            path = self.base_dir / path
+        # ``..`` folded, symlinks kept (a Kubernetes Secret mount is symlinks).
+        return Path(os.path.normpath(path))
 
     def config(self, root: Any) -> Config:
         if not isinstance(root, Mapping):
@@ -102,7 +132,8 @@ class _SchemaReader(Reader):
         if version != 1 or isinstance(version, bool):
             self.fail(root, "schema_version", "must be 1", version)
         publish = self.publish(root)
-        taps = self.taps(root, publish)
+        models = self.models(root)
+        taps = self.taps(root, publish, models)
         return Config(
             path=self.path,
             listen=self.listen(root),
@@ -113,18 +144,22 @@ class _SchemaReader(Reader):
             shutdown_grace_s=self.get(
                 root, "shutdown_grace_s", "", float, 30.0, checks.non_negative
             ),
-            models=self.models(root),
+            models=models,
             publish=publish,
             taps=taps,
             worker=self.worker(root),
             nats=parse_nats_section(self, root, taps),
+            lines=self.lines,
         )
 
     def listen(self, root: Mapping) -> Listen:
-        s = self.section(root, "listen", "", {"host", "port"})
+        s = self.section(root, "listen", "", {"host", "port", "body_timeout_s", "max_connections"})
+        p = "listen."
         return Listen(
-            host=self.get(s, "host", "listen.", str, "0.0.0.0"),
-            port=self.get(s, "port", "listen.", int, 8080, checks.port),
+            host=self.get(s, "host", p, str, "0.0.0.0"),
+            port=self.get(s, "port", p, int, 8080, checks.port),
+            body_timeout_s=self.get(s, "body_timeout_s", p, float, 60.0, checks.positive),
+            max_connections=self.get(s, "max_connections", p, int, 8192, checks.at_least_1),
         )
 
     def upstream(self, root: Mapping) -> Upstream:
@@ -159,7 +194,7 @@ class _SchemaReader(Reader):
                 self.fail(
                     root, f"models[{i}]", "must be a mapping with 'name' and 'tokenizer'", item
                 )
-            self.known(item, p, {"name", "tokenizer", "context_length"})
+            self.known(item, p, {"name", "tokenizer", "context_length", "template_engine"})
             name = self.get(item, "name", p, str, check=checks.non_empty)
             if name in seen:
                 self.fail(item, f"{p}name", "must be unique across models", name)
@@ -167,18 +202,32 @@ class _SchemaReader(Reader):
             out.append(
                 ModelEntry(
                     name=name,
-                    tokenizer=self.get(item, "tokenizer", p, str, check=checks.non_empty),
+                    tokenizer=self.tokenizer(item, p),
                     context_length=self.get(
                         item, "context_length", p, (int, type(None)), None, checks.at_least_1
+                    ),
+                    template_engine=self.get(
+                        item, "template_engine", p, str, "minijinja", _template_engine
                     ),
                 )
             )
         return tuple(out)
 
+    def tokenizer(self, item: Mapping, prefix: str) -> str:
+        """A local directory, relative to the file's directory, or a hub id
+        (``name`` or ``org/name``, looked up in the local cache by the worker).
+        A value shaped like a path (``./``, ``../``, ``/``, ``~``, or more than
+        one ``/``) is always a path. The worker reports a missing directory,
+        with this key's line (``Config.where``)."""
+        value = self.get(item, "tokenizer", prefix, str, check=checks.non_empty)
+        path = self.local_path(value)
+        hub_id = not value.startswith((".", "/", "~")) and value.count("/") <= 1
+        return value if hub_id and not path.exists() else str(path)
+
     def publish(self, root: Mapping) -> Publish:
         s = self.section(root, "publish", "", {"host", "base_port"})
         return Publish(
-            host=self.get(s, "host", "publish.", str, "0.0.0.0"),
+            host=self.get(s, "host", "publish.", str, "127.0.0.1"),
             base_port=self.get(s, "base_port", "publish.", int, 5557, checks.port),
         )
 
@@ -196,13 +245,16 @@ class _SchemaReader(Reader):
             nice=self.get(s, "nice", "worker.", int, 5, checks.niceness),
         )
 
-    def taps(self, root: Mapping, publish: Publish) -> tuple[TapConfig, ...]:
+    def taps(
+        self, root: Mapping, publish: Publish, models: tuple[ModelEntry, ...]
+    ) -> tuple[TapConfig, ...]:
         items = self.get(root, "taps", "", (list, type(None)), None) or []
         taps: list[TapConfig] = []
+        model_names = tuple(m.name for m in models)
         for index, item in enumerate(items):
             if not isinstance(item, Mapping):
                 self.fail(root, f"taps[{index}]", "must be a mapping", item)
-            taps.append(self.tap(item, index, publish))
+            taps.append(self.tap(item, index, publish, model_names))
         names: dict[str, int] = {}
         endpoints: dict[str, str] = {}
         for tap, item in zip(taps, items, strict=True):
@@ -231,7 +283,9 @@ class _SchemaReader(Reader):
                     self.fail(item, f"taps[{a.name}].topic", expected, a.topic)
         return tuple(taps)
 
-    def tap(self, item: Mapping, index: int, publish: Publish) -> TapConfig:
+    def tap(
+        self, item: Mapping, index: int, publish: Publish, model_names: tuple[str, ...]
+    ) -> TapConfig:
         keys = {
             "name",
             "topic",
@@ -246,11 +300,14 @@ class _SchemaReader(Reader):
             "endpoint",
             "transport",
             "subject",
+            "curve",
         }
         raw_name = item.get("name")
         label = raw_name if isinstance(raw_name, str) and raw_name else str(index)
         p = f"taps[{label}]."
         self.known(item, p, keys)
+        if getattr(item, "line", 0):
+            self.lines[f"taps[{label}]"] = item.line
         name = self.get(item, "name", p, str, check=checks.name)
         topic = self.get(item, "topic", p, str, f"shadow-requests-{name}", checks.name)
         capture = self.get(
@@ -284,6 +341,14 @@ class _SchemaReader(Reader):
         models = self.get(item, "models", p, (list, type(None)), None) or []
         if not all(isinstance(m, str) and m for m in models):
             self.fail(item, f"{p}models", "must be a list of model names", models)
+        for model in models:
+            if model not in model_names:
+                configured = ", ".join(model_names) if model_names else "none"
+                expected = (
+                    f"must name configured models (models: {configured}); "
+                    f"'{model}' is not one, so the tap would never mirror it"
+                )
+                self.fail(item, f"{p}models", expected, models)
         endpoint = self.get(
             item,
             "endpoint",
@@ -308,6 +373,22 @@ class _SchemaReader(Reader):
             capacity=self.get(item, "capacity", p, int, 1024, checks.at_least_1),
             transport=transport,
             subject=subject,
+            curve=self.curve(item, p, transport) if item.get("curve") is not None else None,
+        )
+
+    def curve(self, item: Mapping, prefix: str, transport: str) -> CurveKeys:
+        if transport != "zmq":
+            expected = f"is only for ZeroMQ taps (transport is {transport!r})"
+            self.fail(item, f"{prefix}curve", expected)
+        s = self.section(item, "curve", prefix, {"server_secret_key", "client_keys"})
+        p = f"{prefix}curve."
+        secret = self.get(s, "server_secret_key", p, str, check=checks.non_empty)
+        clients = self.get(s, "client_keys", p, str, check=checks.non_empty)
+        # Read by the worker at start-up (a missing file fails start-up there,
+        # with this key's line): a deployment mounts them from a Secret.
+        return CurveKeys(
+            server_secret_key=str(self.local_path(secret)),
+            client_keys=str(self.local_path(clients)),
         )
 
     def response(self, item: Mapping, prefix: str) -> ResponseOptions:
@@ -322,3 +403,9 @@ class _SchemaReader(Reader):
 
 
 # -- checks: each returns what was expected, or None ---------------------------
+
+
+def _template_engine(value: str) -> str | None:
+    if value in TEMPLATE_ENGINES:
+        return None
+    return f"must be one of {', '.join(TEMPLATE_ENGINES)} (minijinja: Dynamo; jinja2: vLLM, SGLang)"

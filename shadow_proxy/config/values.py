@@ -16,6 +16,12 @@ MIB = 1024 * 1024
 class Listen:
     host: str = "0.0.0.0"
     port: int = 8080
+    #: From the end of a request's headers to the end of its body: past this,
+    #: the proxy answers 408 and closes (a slow or silent client).
+    body_timeout_s: float = 60.0
+    #: Client connections open at once; past this a new connection is answered
+    #: 503 and closed (counted, logged rate-limited).
+    max_connections: int = 8192
 
 
 @attrs.frozen
@@ -28,17 +34,41 @@ class Upstream:
     max_request_bytes: int = 64 * MIB
 
 
+#: How a model's chat template is rendered: as the frontend in front of it does.
+TEMPLATE_ENGINES = ("minijinja", "jinja2")
+
+
 @attrs.frozen
 class ModelEntry:
     name: str
     tokenizer: str
     context_length: int | None = None
+    #: ``minijinja`` (Dynamo's engine and environment) or ``jinja2``
+    #: (transformers' sandbox, as vLLM and SGLang render).
+    template_engine: str = "minijinja"
 
 
 @attrs.frozen
 class Publish:
-    host: str = "0.0.0.0"
+    #: Loopback unless configured: records hold the prompts (token ids decode
+    #: back to text), so all interfaces is an explicit choice.
+    host: str = "127.0.0.1"
     base_port: int = 5557
+
+
+@attrs.frozen
+class CurveKeys:
+    """ZeroMQ CURVE for one tap: encryption, and only the listed clients read.
+
+    Paths are resolved against the configuration file's directory.
+    """
+
+    #: The tap's key pair: a file written by ``zmq.auth.create_certificates``
+    #: (``public-key`` and ``secret-key``), e.g. ``server.key_secret``.
+    server_secret_key: str
+    #: The public keys allowed to subscribe: one ``.key`` file, or a directory
+    #: whose ``*.key`` files each hold one.
+    client_keys: str
 
 
 @attrs.frozen
@@ -65,6 +95,8 @@ class TapConfig:
     transport: str = "zmq"
     #: The JetStream subject (``nats`` taps only; ``shadow.{topic}`` by default).
     subject: str | None = None
+    #: ZeroMQ CURVE keys (``zmq`` taps only).
+    curve: CurveKeys | None = None
 
     @property
     def joined(self) -> bool:

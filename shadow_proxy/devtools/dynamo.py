@@ -143,6 +143,36 @@ class Dynamo:
             for child in self.children
         )
 
+    def start_engine(self, name: str, argv: list[str]) -> Child:
+        """Start one more engine process (``argv``, in Dynamo's interpreter and
+        environment) behind the same frontend; stopped with the others. A
+        mocker, or a test's own worker (a recording or a scripted backend)."""
+        engine = Child(
+            name,
+            argv,
+            self.scratch,
+            env=dynamo_env(self.scratch),
+            cwd=self.scratch,
+            merge_output=True,
+            signal_group=True,
+        )
+        self.mockers.append(engine.start())
+        return engine
+
+    async def add_engine(
+        self, name: str, argv: list[str], served_name: str, ready_timeout: float = 60.0
+    ) -> Child:
+        """``start_engine``, then wait until the frontend answers a one-token chat
+        request for ``served_name``; on failure it is killed and
+        ``DynamoStartError`` says why."""
+        engine = self.start_engine(name, argv)
+        try:
+            await self.wait_model(served_name, [engine, self.frontend], ready_timeout)
+        except BaseException:
+            engine.kill()
+            raise
+        return engine
+
     def start_mocker(
         self,
         model_dir: Path,
@@ -162,18 +192,7 @@ class Dynamo:
             "--speedup-ratio", str(speedup),
             *endpoint, *extra_args,
         ]  # fmt: skip
-        name = f"mocker-{component}" if component else "mocker"
-        mocker = Child(
-            name,
-            argv,
-            self.scratch,
-            env=dynamo_env(self.scratch),
-            cwd=self.scratch,
-            merge_output=True,
-            signal_group=True,
-        )
-        self.mockers.append(mocker.start())
-        return mocker
+        return self.start_engine(f"mocker-{component}" if component else "mocker", argv)
 
     async def add_mocker(
         self,
@@ -201,6 +220,11 @@ class Dynamo:
             self.kill_mocker(mocker)
             raise
         return mocker
+
+    @property
+    def http_port(self) -> int:
+        """The frontend's HTTP port."""
+        return int(self.base_url.rsplit(":", 1)[1])
 
     def kill_mocker(self, mocker: Child | None = None) -> None:
         """SIGKILL a mocker (the first by default), to see what clients get
@@ -276,6 +300,35 @@ def _prepare(scratch: Path) -> tuple[Path, Path]:
     return python, scratch
 
 
+async def start_frontend(
+    served_name: str,
+    scratch: Path,
+    *,
+    http_port: int | None = None,
+    extra_frontend_args: tuple[str, ...] = (),
+    extra_frontend_env: Mapping[str, str] | None = None,
+) -> Dynamo:
+    """Start ``dynamo.frontend`` alone (on ``http_port``, default a reserved
+    port), for engines the caller adds (``Dynamo.add_engine``); returns at once.
+    Raises ``DynamoUnavailable`` when Dynamo is not installed."""
+    python, scratch = await asyncio.to_thread(_prepare, Path(scratch))
+    port = http_port or reserve_port()
+    argv = [str(python), "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+            "--http-port", str(port), *extra_frontend_args]  # fmt: skip
+    frontend = Child(
+        "frontend",
+        argv,
+        scratch,
+        env={**dynamo_env(scratch), **(extra_frontend_env or {})},
+        cwd=scratch,
+        merge_output=True,
+        signal_group=True,
+    )
+    dynamo = Dynamo(python, frontend, f"http://127.0.0.1:{port}", served_name, scratch)
+    frontend.start()
+    return dynamo
+
+
 async def start_dynamo(
     model_dir: Path,
     served_name: str,
@@ -299,24 +352,13 @@ async def start_dynamo(
     (e.g. ``DYN_REQUEST_TRACE*``).
     Raises ``DynamoUnavailable`` when Dynamo is not installed.
     """
-    python, scratch = await asyncio.to_thread(_prepare, Path(scratch))
-    port = http_port or reserve_port()
-    argv = [str(python), "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
-            "--http-port", str(port), *extra_frontend_args]  # fmt: skip
-    frontend = Child(
-        "frontend",
-        argv,
-        scratch,
-        env={**dynamo_env(scratch), **(extra_frontend_env or {})},
-        cwd=scratch,
-        merge_output=True,
-        signal_group=True,
-    )
-    dynamo = Dynamo(python, frontend, f"http://127.0.0.1:{port}", served_name, scratch)
     started = time.monotonic()
+    dynamo = await start_frontend(
+        served_name, scratch, http_port=http_port, extra_frontend_args=extra_frontend_args,
+        extra_frontend_env=extra_frontend_env,
+    )  # fmt: skip
     try:
         dynamo.start_mocker(model_dir, served_name, speedup=speedup, extra_args=extra_mocker_args)
-        frontend.start()
         await dynamo.wait_model(served_name, dynamo.children, ready_timeout)
     except BaseException:
         await dynamo.aclose(timeout=5)

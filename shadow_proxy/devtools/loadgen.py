@@ -1,7 +1,9 @@
 """A small asyncio load generator for OpenAI-compatible frontends.
 
 Used by the demo and the benchmarks. Prompts are built before the clock starts
-(distinct per request, about ``prompt_tokens`` tokens), then ``concurrency``
+(distinct per request, about ``prompt_tokens`` tokens of the model's tokenizer
+when ``tokens_per_word`` is measured for it with ``tokens_per_word_of``; the
+default 1.0 holds for the common BPE vocabularies), then ``concurrency``
 workers send ``requests`` requests and record per request: status, time to
 first byte of the body (for streams: the first SSE event, i.e. time to first
 token), end-to-end time, the frontend's ``usage`` and whether the client
@@ -10,7 +12,13 @@ cancelled it on purpose.
 Cancelling is deterministic: request ``i`` is cancelled when
 ``(i * 7919) % 1000 < cancel_fraction * 1000`` (spread over the run). A
 streaming request is cancelled right after its first content event (the
-client closes the connection); a unary one after ``cancel_after_s``.
+client closes the connection); a unary one when it has not completed (headers
+and body) within ``cancel_after_s``.
+
+``api`` picks the route: ``chat``, ``completions`` or ``responses`` (the
+Responses API: the prompt as ``input``, ``max_output_tokens``; its usage,
+``input_tokens``/``output_tokens``, is reported under the chat names
+``prompt_tokens``/``completion_tokens`` in each ``Result``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,18 @@ from typing import Any
 
 import aiohttp
 import attrs
+
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "responses": "/v1/responses",
+}
+#: What marks the first content event of a stream, per api.
+CONTENT_MARKS = {
+    "chat": (b'"content"',),
+    "completions": (b'"text"',),
+    "responses": (b"response.output_text.delta",),
+}
 
 #: Words that are one token each in common BPE vocabularies (with the space).
 _WORDS = (
@@ -53,6 +73,9 @@ class LoadSpec:
     seed: int = 0
     headers: dict[str, str] = attrs.field(factory=dict)
     timeout_s: float = 600.0
+    #: Tokens per word of the prompt's word list with the model's tokenizer
+    #: (``tokens_per_word_of``): ``prompt_tokens`` counts tokens, not words.
+    tokens_per_word: float = 1.0
 
     def cancels(self, index: int) -> bool:
         """Whether the client cancels request ``index`` (deterministic, spread over the run)."""
@@ -121,15 +144,29 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 2)
 
 
-def make_prompt(rng: random.Random, tokens: int) -> str:
-    """About ``tokens`` tokens of common words (one token each with their space)."""
-    return " ".join(rng.choice(_WORDS) for _ in range(max(1, tokens - 8)))
+def make_prompt(rng: random.Random, tokens: int, tokens_per_word: float = 1.0) -> str:
+    """About ``tokens`` tokens of words (8 fewer: the request's prefix and the
+    chat template's own tokens)."""
+    words = max(1, round((tokens - 8) / tokens_per_word))
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def tokens_per_word_of(tokenizer_json: str, sample_words: int = 2000) -> float:
+    """Tokens per word of the prompt's word list with the tokenizer in
+    ``tokenizer_json`` (a Hugging Face ``tokenizer.json``)."""
+    from tokenizers import Tokenizer
+
+    text = make_prompt(random.Random(0), sample_words + 8)
+    ids = Tokenizer.from_file(tokenizer_json).encode(text, add_special_tokens=False).ids
+    return len(ids) / sample_words
 
 
 def make_body(spec: LoadSpec, index: int) -> bytes:
     """Request ``index``'s body: a distinct prompt, the same for the same seed."""
     rng = random.Random(spec.seed * 1_000_003 + index)
-    prompt = f"Request {index}. " + make_prompt(rng, spec.prompt_tokens)
+    prompt = f"Request {index}. " + make_prompt(rng, spec.prompt_tokens, spec.tokens_per_word)
+    if spec.api == "responses":
+        return responses_body(spec, prompt)
     body: dict[str, Any] = {
         "model": spec.model,
         "max_tokens": spec.output_tokens,
@@ -145,12 +182,45 @@ def make_body(spec: LoadSpec, index: int) -> bytes:
     return json.dumps(body).encode()
 
 
+def responses_body(spec: LoadSpec, prompt: str) -> bytes:
+    """A Responses API request: the prompt as ``input``, the output cap as
+    ``max_output_tokens`` (no ``ignore_eos``: not a Responses field)."""
+    body: dict[str, Any] = {
+        "model": spec.model,
+        "input": prompt,
+        "max_output_tokens": spec.output_tokens,
+        "stream": spec.stream,
+    }
+    return json.dumps(body).encode()
+
+
+def usage_of(obj: Any) -> dict | None:
+    """The usage a chunk, body or Responses event carries, with the chat names
+    (Responses: ``input_tokens`` -> ``prompt_tokens``, ``output_tokens`` ->
+    ``completion_tokens``)."""
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    response = obj.get("response")
+    if usage is None and isinstance(response, dict):
+        usage = response.get("usage")
+    if not isinstance(usage, dict) or not usage:
+        return None
+    if "input_tokens" in usage and "prompt_tokens" not in usage:
+        usage = {
+            **usage,
+            "prompt_tokens": usage["input_tokens"],
+            "completion_tokens": usage.get("output_tokens", 0),
+        }
+    return usage
+
+
 def _usage_from_sse(data: bytes) -> dict | None:
     for line in reversed(data.split(b"\n")):
         if line.startswith(b"data:") and b'"usage"' in line:
             try:
-                usage = json.loads(line[5:]).get("usage")
-            except (ValueError, AttributeError):
+                usage = usage_of(json.loads(line[5:]))
+            except ValueError:
                 continue
             if usage:
                 return usage
@@ -158,7 +228,7 @@ def _usage_from_sse(data: bytes) -> dict | None:
 
 
 async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body: bytes) -> Result:
-    path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
+    path = PATHS[spec.api]
     result = Result(index)
     cancel = spec.cancels(index)
     started = time.perf_counter()
@@ -201,7 +271,7 @@ async def _exchange(
                 if result.ttft_s is None:
                     result.ttft_s = time.perf_counter() - started
                 chunks.append(chunk)
-                if cancel and (b'"content"' in chunk or b'"text"' in chunk):
+                if cancel and any(mark in chunk for mark in CONTENT_MARKS[spec.api]):
                     result.cancelled = True
                     response.close()
                     break
@@ -215,7 +285,7 @@ async def _exchange(
                 if not data.rstrip().endswith(b"data: [DONE]"):
                     result.error = "stream ended without [DONE]"
             else:
-                result.usage = json.loads(data).get("usage")
+                result.usage = usage_of(json.loads(data))
 
 
 async def run_load(spec: LoadSpec) -> Report:

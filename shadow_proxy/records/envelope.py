@@ -4,7 +4,9 @@ Pure values. Field names follow Dynamo's shadow tap envelope (schema version 1),
 so a consumer written for Dynamo's ``ShadowEnvelope`` reads these records as they
 are: the fields Dynamo requires are always present (``filters`` even when empty),
 the optional ones are left out when empty, never sent as nil. ``sample_rate`` is
-ours; a Dynamo reader ignores it.
+ours; a Dynamo reader ignores it. So is ``prompt_index``, present only in the
+records of a batch completions request (one record per prompt, all with the
+request's id): a record is identified by ``(request_id, prompt_index)``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 ENVELOPE_SCHEMA_VERSION = 1
-ORIGINS = frozenset({"chat", "completions", "other"})
+ORIGINS = frozenset({"chat", "completions", "responses", "other"})
 OUTCOMES = frozenset({"complete", "incomplete", "cancelled", "error"})
 
 #: Fields every envelope carries; a consumer rejects a record without them.
@@ -40,12 +42,14 @@ def build_envelope(
     sample_rate: float,
     request: Mapping[str, Any],
     response: Mapping[str, Any] | None,
+    prompt_index: int | None = None,
 ) -> dict[str, Any]:
     """The envelope as a map ready for ``wire.encode_envelope``.
 
     ``request`` is the projected preprocessed request (``FilterSet.project``); it
     is referenced, not copied, so taps sharing a projection share one dict.
-    ``response`` is present only for ``request_response`` taps.
+    ``response`` is present only for ``request_response`` taps;
+    ``prompt_index`` only for the records of a batch's prompts.
     """
     if origin not in ORIGINS:
         msg = f"'origin' must be one of {sorted(ORIGINS)} (got {origin!r})"
@@ -66,12 +70,29 @@ def build_envelope(
     }
     if response is not None:
         envelope["response"] = response
+    if prompt_index is not None:
+        envelope["prompt_index"] = prompt_index
     return envelope
+
+
+def record_id(envelope: Mapping[str, Any]) -> str:
+    """The id that names one record's engine request: ``request_id``, or for a
+    prompt of a batch ``{request_id}-{prompt_index}`` (the id Dynamo gives that
+    prompt's engine request and trace row). Unique per request, unlike
+    ``request_id`` alone."""
+    request_id = envelope.get("request_id")
+    request_id = request_id if isinstance(request_id, str) else ""
+    index = envelope.get("prompt_index")
+    return request_id if index is None else f"{request_id}-{index}"
 
 
 def missing_fields(envelope: Mapping[str, Any]) -> list[str]:
     """Required fields an envelope lacks (empty when it is whole)."""
     return [name for name in REQUIRED_FIELDS if name not in envelope]
+
+
+def _index(value: Any) -> bool:
+    return type(value) is int and value >= 0
 
 
 def check_envelope(envelope: Any) -> str | None:
@@ -93,6 +114,7 @@ def check_envelope(envelope: Any) -> str | None:
         or not isinstance(request.get("token_ids", []), list)
         or (response is not None and not isinstance(response, dict))
         or (response is not None and type(response.get("output_tokens", 0)) is not int)
+        or not _index(envelope.get("prompt_index", 0))
     ):
         return "record"
     return None

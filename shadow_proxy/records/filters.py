@@ -27,6 +27,10 @@ STRIP_EMBEDS = "strip-embeds"
 STRIP_EXTRA_ARGS = "strip-extra-args"
 STRIP_AGENT_CONTEXT = "strip-agent-context"
 TOKENS_ONLY = "tokens-only"
+#: Drops the request's own text that ``tokens-only`` keeps: stop strings and
+#: guided-decoding schemas (regexes, grammars, JSON schemas, choices). A replay
+#: without stop strings may run past where the primary stopped.
+STRIP_TEXT_OPTIONS = "strip-text-options"
 SKIP_MULTIMODAL = "skip-multimodal"
 MAX_TOKENS = "max-tokens"
 
@@ -38,9 +42,13 @@ KNOWN_FILTERS = (
     STRIP_EXTRA_ARGS,
     STRIP_AGENT_CONTEXT,
     TOKENS_ONLY,
+    STRIP_TEXT_OPTIONS,
     SKIP_MULTIMODAL,
     f"{MAX_TOKENS}=N",
 )
+#: Inside ``stop_conditions`` and ``sampling_options``: the keys that carry the
+#: client's text, dropped by ``strip-text-options``.
+TEXT_OPTION_KEYS = frozenset({"stop", "guided_decoding"})
 
 #: ``select`` returns one of these, or None to take the request.
 SKIP_REASONS = frozenset({SKIP_MULTIMODAL, MAX_TOKENS})
@@ -70,10 +78,20 @@ ROUTING_HINTS = frozenset(
         "router",
         "kv_hint",
         "router_config_override",
+        "cache_salt",
     }
 )
 #: Routing keys that identify a session; dropped with ``strip-agent-context``.
 ROUTING_SESSION_KEYS = frozenset({"session_id", "conversation_id"})
+#: Fields that carry a session or conversation id in Dynamo 1.6.1's
+#: preprocessed request (from the session headers): ``strip-agent-context``
+#: removes them whole. Inside ``routing`` and ``extra_args`` it also removes
+#: every key whose name says session or conversation, at any depth (other
+#: frontends, or future ones, may put ids there).
+SESSION_FIELDS = ("agent_context", "image_cache_scope")
+#: Nesting a projection walks at most; deeper input is a ``ProjectionError``
+#: (that tap's record is dropped and counted, the other taps are unaffected).
+MAX_DEPTH = 64
 
 _MAX_TOKENS_RE = re.compile(r"max-tokens=(?P<n>.*)")
 _PREFIX_TOKENS = 64
@@ -91,6 +109,10 @@ def _is_session_key(key: object) -> bool:
     return "session" in lowered or "conversation" in lowered
 
 
+class ProjectionError(ValueError):
+    """A request this tap's projection cannot copy (nested past ``MAX_DEPTH``)."""
+
+
 @attrs.frozen
 class ProjectionKey:
     """What a projection depends on; equal keys build equal copies."""
@@ -101,6 +123,7 @@ class ProjectionKey:
     strip_extra_args: bool
     strip_agent_context: bool
     strip_routing: bool
+    strip_text_options: bool = False
 
 
 @attrs.frozen
@@ -157,6 +180,7 @@ class FilterSet:
             strip_extra_args=tokens_only or STRIP_EXTRA_ARGS in given,
             strip_agent_context=tokens_only or STRIP_AGENT_CONTEXT in given,
             strip_routing=tokens_only,
+            strip_text_options=STRIP_TEXT_OPTIONS in given,
         )
         in_effect = [name for name in given if name != STRIP_WORKER_PINS]
         if key.strip_worker_pins:
@@ -197,6 +221,14 @@ def _keep_if_set(value: Any, key: ProjectionKey) -> Any:
     return _OMIT if value is None else value
 
 
+def _text_options(value: Mapping[str, Any], key: ProjectionKey) -> Any:
+    """``stop_conditions`` or ``sampling_options``, without stop strings and
+    guided-decoding schemas under ``strip-text-options``."""
+    if not key.strip_text_options:
+        return value
+    return {name: item for name, item in value.items() if name not in TEXT_OPTION_KEYS}
+
+
 def _annotations(value: list[str], key: ProjectionKey) -> Any:
     return _OMIT if key.strip_agent_context else list(value)
 
@@ -204,6 +236,8 @@ def _annotations(value: list[str], key: ProjectionKey) -> Any:
 def _routing(value: Mapping[str, Any], key: ProjectionKey) -> Any:
     if key.strip_routing:
         return _OMIT
+    if key.strip_agent_context:
+        value = _without_session_keys(value)
     kept: dict[str, Any] = {}
     for name, item in value.items():
         if name in ROUTING_HINTS:
@@ -220,16 +254,28 @@ def _routing(value: Mapping[str, Any], key: ProjectionKey) -> Any:
 
 
 def _without_session_keys(value: Any) -> Any:
-    """``value`` with every session or conversation key removed, at any depth."""
-    if isinstance(value, Mapping):
-        return {
-            name: _without_session_keys(item)
-            for name, item in value.items()
-            if not _is_session_key(name)
-        }
-    if isinstance(value, list):
-        return [_without_session_keys(item) for item in value]
-    return value
+    """A copy of ``value`` without any session or conversation key, at any depth
+    up to ``MAX_DEPTH`` (iterative: deep input cannot exhaust the stack)."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any, int]] = [(root, 0, value, 0)]
+    while stack:
+        parent, slot, item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            msg = f"value nested deeper than {MAX_DEPTH} levels"
+            raise ProjectionError(msg)
+        if isinstance(item, Mapping):
+            copy: Any = {}
+            for name, child in item.items():
+                if not _is_session_key(name):
+                    copy[name] = None
+                    stack.append((copy, name, child, depth + 1))
+        elif isinstance(item, list):
+            copy = [None] * len(item)
+            stack.extend((copy, i, child, depth + 1) for i, child in enumerate(item))
+        else:
+            copy = item
+        parent[slot] = copy
+    return root[0]
 
 
 def _extra_args(value: Mapping[str, Any], key: ProjectionKey) -> Any:
@@ -253,6 +299,10 @@ def _agent_context(value: Mapping[str, Any], key: ProjectionKey) -> Any:
     return _OMIT if key.strip_agent_context else dict(value)
 
 
+def _image_cache_scope(value: str | None, key: ProjectionKey) -> Any:
+    return _OMIT if key.strip_agent_context or value is None else value
+
+
 def _mdc_sum(value: str | None, key: ProjectionKey) -> Any:
     return _OMIT if key.strip_routing or value is None else value
 
@@ -261,8 +311,8 @@ def _mdc_sum(value: str | None, key: ProjectionKey) -> Any:
 FIELD_DECISIONS: Mapping[str, _Decision] = {
     "model": _keep,
     "token_ids": _keep,
-    "stop_conditions": _keep,
-    "sampling_options": _keep,
+    "stop_conditions": _text_options,
+    "sampling_options": _text_options,
     "output_options": _keep,
     "eos_token_ids": _keep,
     "annotations": _annotations,
@@ -270,6 +320,7 @@ FIELD_DECISIONS: Mapping[str, _Decision] = {
     "extra_args": _extra_args,
     "multi_modal_data": _multi_modal_data,
     "agent_context": _agent_context,
+    "image_cache_scope": _image_cache_scope,
     "mdc_sum": _mdc_sum,
     "request_timestamp_ms": _keep_if_set,
 }

@@ -28,6 +28,8 @@ class PreprocessedRequest:
     extra_args: dict[str, Any] = attrs.field(factory=dict)
     multi_modal_data: dict[str, Any] = attrs.field(factory=dict)
     agent_context: dict[str, Any] = attrs.field(factory=dict)
+    #: Dynamo's media-cache scope: the session id (from the session headers).
+    image_cache_scope: str | None = None
     mdc_sum: str | None = None
     request_timestamp_ms: int | None = None
 

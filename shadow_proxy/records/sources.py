@@ -214,8 +214,11 @@ class TapSource(RecordSource):
         *,
         rcvhwm: int = 100_000,
         max_message_bytes: int = 256 * 2**20,
+        curve: tuple[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``curve``: (the tap's public key file, this consumer's key pair file)
+        for a tap with CURVE (``zmq.auth.create_certificates`` files)."""
         super().__init__(**kwargs)
         import zmq
         import zmq.asyncio
@@ -231,6 +234,8 @@ class TapSource(RecordSource):
         socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         socket.setsockopt(zmq.SUBSCRIBE, self._topic)
         socket.setsockopt(zmq.SUBSCRIBE, self._heartbeat_topic)
+        if curve is not None:
+            _curve_client(socket, *curve)
         for endpoint in self.endpoints:
             socket.connect(endpoint)
         self._socket = socket
@@ -263,6 +268,27 @@ class TapSource(RecordSource):
         if not self._socket.closed:
             self._socket.close(linger=0)
             self._context.term()
+
+
+def _curve_client(socket: Any, server_key: str, client_key: str) -> None:
+    """Make ``socket`` a CURVE client of the tap whose public key is in
+    ``server_key``, with the key pair in ``client_key``; ``SourceError`` when a
+    file cannot be used."""
+    import zmq
+    import zmq.auth
+
+    try:
+        server_public, _ = zmq.auth.load_certificate(server_key)
+        public, secret = zmq.auth.load_certificate(client_key)
+    except (OSError, ValueError) as e:
+        msg = f"CURVE key file: {e}"
+        raise SourceError(msg) from e
+    if not secret:
+        msg = f"--curve-client-key {client_key} holds no secret-key (use the .key_secret file)"
+        raise SourceError(msg)
+    socket.setsockopt(zmq.CURVE_SERVERKEY, server_public)
+    socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
 
 
 #: Records a reorder window holds by default (about 1 KiB of state each, plus
@@ -318,6 +344,17 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
         metavar="S",
         help="JetStream: unacknowledged records come again after S (a new durable) [30]",
     )
+    group.add_argument(
+        "--curve-server-key",
+        metavar="FILE",
+        help="live tap with CURVE: the tap's public key file (e.g. server.key)",
+    )
+    group.add_argument(
+        "--curve-client-key",
+        metavar="FILE",
+        help="live tap with CURVE: this consumer's key pair file (e.g. client.key_secret), "
+        "whose public key the tap's client_keys list",
+    )
 
 
 def open_source(
@@ -370,4 +407,10 @@ def open_source(
     if not topic or not endpoints:
         msg = "a live tap needs --topic and --endpoint, or --discover URL --tap NAME"
         raise SourceError(msg)
-    return TapSource(endpoints, topic, dedup=dedup, heartbeats=heartbeats)
+    server_key = getattr(args, "curve_server_key", None)
+    client_key = getattr(args, "curve_client_key", None)
+    if bool(server_key) != bool(client_key):
+        msg = "CURVE needs both --curve-server-key and --curve-client-key"
+        raise SourceError(msg)
+    curve = (server_key, client_key) if server_key else None
+    return TapSource(endpoints, topic, dedup=dedup, heartbeats=heartbeats, curve=curve)

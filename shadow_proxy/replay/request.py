@@ -75,6 +75,8 @@ from typing import Any
 
 import attrs
 
+from shadow_proxy.records.envelope import record_id
+
 COMPLETIONS_PATH = "/v1/completions"
 DEFAULT_REQUEST_ID_HEADER = "x-request-id"
 DYNAMO_REQUEST_ID_HEADER = "x-dynamo-request-id"
@@ -148,6 +150,7 @@ def build_request(
     request = envelope.get("request")
     if not isinstance(request_id, str) or not isinstance(request, Mapping):
         return Skip("invalid_record", request_id if isinstance(request_id, str) else None)
+    request_id = record_id(envelope)  # a batch's prompts: one request (and id) each
     token_ids = request.get("token_ids")
     if not isinstance(token_ids, list) or not token_ids:
         return Skip("no_token_ids", request_id)

@@ -78,7 +78,9 @@ def client_session(config: Config) -> aiohttp.ClientSession:
 def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> web.Application:
     registry = registry if registry is not None else CollectorRegistry()
     metrics = ProxyMetrics.create(registry)
-    app = web.Application(client_max_size=config.upstream.max_request_bytes)
+    app = web.Application(
+        client_max_size=config.upstream.max_request_bytes, middlewares=[_pathless_target]
+    )
     app[CONFIG] = config
     app[REGISTRY] = registry
     app[METRICS] = metrics
@@ -94,7 +96,8 @@ def make_app(config: Config, *, registry: CollectorRegistry | None = None) -> we
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_get("/shadow/taps", taps_endpoint)
-    app.router.add_route("*", "/{tail:.*}", forward)
+    # Any path, newlines (%0A) included: the frontend decides what it serves.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", forward, expect_handler=expect_continue)
     return app
 
 
@@ -109,6 +112,8 @@ async def _session_ctx(app: web.Application):
         max_request_bytes=config.upstream.max_request_bytes,
         metrics=app[METRICS],
         handoff=app[TAPS].handoff if TAPS in app else None,
+        body_timeout_s=config.listen.body_timeout_s,
+        not_mirrored=app[TAPS].relay.not_mirrored if TAPS in app else None,
     )
     app[READY] = {"at": -READY_CACHE_S}
     yield
@@ -135,15 +140,46 @@ async def _loop_lag_ctx(app: web.Application):
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    """Runs when the server stops accepting: in-flight streams that are still
-    cancelled after the grace period end with ``EndKind.SHUTDOWN``."""
+    """Runs when the server has stopped accepting: in-flight streams get
+    ``shutdown_grace_s`` once, then are cut (their records end as
+    ``shutdown``); the cleanup contexts (the taps' drain) run after this."""
     handler = app.get(HANDLER)
     if handler is not None:
-        handler.shutting_down = True
+        await handler.stop(app[CONFIG].shutdown_grace_s)
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
     return await request.app[HANDLER](request)
+
+
+@web.middleware
+async def _pathless_target(request: web.Request, handler) -> web.StreamResponse:
+    """An absolute-form target without a path (``GET http://host?q``) matches
+    no route in aiohttp's router (its path is empty); it is forwarded as the
+    frontend's ``/`` like any other target."""
+    if request.match_info.http_exception is not None and not request.rel_url.path_safe:
+        return await forward(request)
+    return await handler(request)
+
+
+async def expect_continue(request: web.Request) -> None:
+    """``Expect: 100-continue``: the proxy answers it and does not forward it.
+
+    It sends ``100 Continue`` as the handler starts reading the body, unless
+    the announced body is over ``max_request_bytes``: then the handler answers
+    413 at once and the client never sends the body. Other expectations: 417,
+    as aiohttp does.
+    """
+    if request.version != aiohttp.HttpVersion11:
+        return
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text="only 100-continue is supported")
+    if (request.content_length or 0) > request.app[CONFIG].upstream.max_request_bytes:
+        return
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    # As aiohttp's own expect handler: the body of the response has not started.
+    request.writer.output_size = 0
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -105,13 +105,21 @@ class Handoff:
         return True
 
     def open(self, route: Route, request_id: str, body: bytes, arrival_unix_ns: int,
-             arrival_mono_ns: int) -> Capture | None:  # fmt: skip
+             arrival_mono_ns: int, headers: bytes = b"",
+             content_encoding: str = "") -> Capture | None:  # fmt: skip
         """Hand a request to the worker; returns the capture for its response,
-        or None when the request could not be handed over (counted)."""
+        or None when the request could not be handed over (counted).
+
+        ``body`` is the bytes the client sent (compressed if it sent them so);
+        ``headers`` the allow-listed request headers (``channel.headers.pick``);
+        ``content_encoding`` the body's header, for the worker to decode its copy.
+        """
         key = hf.KEY.pack(self._next_key)
         self._next_key += 1
         meta = hf.REQUEST_META.pack(route, arrival_unix_ns, arrival_mono_ns, self._lost_requests)
-        if self._send([hf.KIND_REQUEST + key + meta, request_id.encode(), body]):
+        encoding = hf.pack_encoding(content_encoding)
+        frames = [hf.KIND_REQUEST + key + meta, request_id.encode(), body, headers, encoding]
+        if self._send(frames):
             return Capture(self, key, arrival_mono_ns, self.full_response)
         self._lost_requests += 1
         return None

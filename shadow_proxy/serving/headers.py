@@ -1,4 +1,8 @@
-"""Header handling for a reverse proxy: hop-by-hop filtering and request ids.
+"""The request head as a reverse proxy forwards it: the target, hop-by-hop
+filtering and request ids.
+
+The target is forwarded as the client wrote it (``upstream_target``); an
+absolute-form target by its path and query.
 
 RFC 9110 section 7.6.1: a proxy removes the connection-specific fields
 (``Connection`` and every field it names, ``Proxy-Connection``, ``Keep-Alive``,
@@ -27,8 +31,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-#: Request fields the proxy sets itself when forwarding.
-_REQUEST_OWN = frozenset({"host", "content-length"})
+#: Request fields the proxy handles itself: ``Host`` and ``Content-Length`` are
+#: set for the upstream connection; ``Expect: 100-continue`` is answered by the
+#: proxy (it reads the whole body before forwarding), so forwarding it would
+#: make a frontend that sends its own 100 wait for nothing.
+_REQUEST_OWN = frozenset({"host", "content-length", "expect"})
 
 
 def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
@@ -55,8 +62,9 @@ def upstream_request_headers(
 ) -> CIMultiDict[str]:
     """The client's headers as the frontend should get them.
 
-    Hop-by-hop fields and ``Host``/``Content-Length`` (set for the upstream
-    connection) go; the request id is set; ``X-Forwarded-For`` gains the peer.
+    Hop-by-hop fields, ``Host``/``Content-Length`` (set for the upstream
+    connection) and ``Expect`` (answered by the proxy) go; the request id is
+    set; ``X-Forwarded-For`` gains the peer.
     """
     out = _end_to_end(headers, _REQUEST_OWN)
     out[request_id_header] = request_id
@@ -81,3 +89,20 @@ def client_response_headers(
 def new_request_id() -> str:
     """128 random bits as 32 hex digits (uuid4's hex without building a UUID)."""
     return secrets.token_hex(16)
+
+
+def upstream_target(raw_target: str) -> str | None:
+    """The request target to send upstream, as the client wrote it.
+
+    Origin-form (``/path?query``) as it is; absolute-form
+    (``http://host/path?query``, RFC 9112 section 3.2.2) by its path and query,
+    as the frontends' servers read it; anything else (authority-form) None.
+    """
+    if raw_target.startswith("/"):
+        return raw_target
+    scheme, sep, rest = raw_target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return None
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    target = rest[cut:]
+    return target if target.startswith("/") else "/" + target

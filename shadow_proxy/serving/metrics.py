@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from shadow_proxy.metrics import LATENCY_BUCKETS
+from shadow_proxy.serving.logs import CLIENT_ERROR_KINDS
 
 #: Event-loop lag (``SHADOW_PROXY_LOOP_LAG=1``): how late a 10 ms sleep wakes up.
 LOOP_LAG_BUCKETS = (
@@ -49,12 +50,18 @@ class ProxyMetrics:
     upstream_errors: Counter
     handoff_dropped: Counter
     worker_restarts: Counter
+    client_connections: Gauge
+    connections_refused: Counter
+    rejected_requests: Counter
+    body_timeouts: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> ProxyMetrics:
         metrics = cls._create(registry)
         for kind in UPSTREAM_ERROR_KINDS:  # series exist (at 0) before the first error
             metrics.upstream_errors.labels(kind)
+        for kind in CLIENT_ERROR_KINDS:
+            metrics.rejected_requests.labels(kind)
         return metrics
 
     @classmethod
@@ -110,6 +117,27 @@ class ProxyMetrics:
                 "Times the tap worker process died and was started again.",
                 registry=registry,
             ),
+            client_connections=Gauge(
+                "shadow_proxy_client_connections",
+                "Client connections open now (listen.max_connections bounds them).",
+                registry=registry,
+            ),
+            connections_refused=Counter(
+                "shadow_proxy_connections_refused",
+                "Client connections answered 503 and closed: listen.max_connections reached.",
+                registry=registry,
+            ),
+            rejected_requests=Counter(
+                "shadow_proxy_rejected_requests",
+                "Requests the HTTP parser rejected (400 from the proxy, never forwarded), by kind.",
+                ["kind"],
+                registry=registry,
+            ),
+            body_timeouts=Counter(
+                "shadow_proxy_body_timeouts",
+                "Requests whose body did not arrive within listen.body_timeout_s (408).",
+                registry=registry,
+            ),
         )
 
 
@@ -123,21 +151,53 @@ def loop_lag_histogram(registry: CollectorRegistry) -> Histogram:
     )
 
 
+#: The worker's family of requests that yield no record; the serving loop adds
+#: the requests it answered itself before any hand-off (413, 408).
+NOT_MIRRORED = "shadow_not_mirrored"
+
+
 class WorkerMetricsRelay(Collector):
     """Re-exports the tap worker's latest metrics snapshot on this registry.
 
     The worker sends its collected metric families every second; ``update``
-    replaces the snapshot and ``collect`` yields it as it is.
+    replaces the snapshot and ``collect`` yields it, with the serving loop's
+    own not-mirrored counts (``not_mirrored``) added to ``shadow_not_mirrored``
+    (one family, whichever process saw the reason).
     """
 
     def __init__(self) -> None:
         self._families: list[Metric] = []
+        #: reason -> requests on mirrored routes the serving loop answered
+        #: itself, so the worker never saw them.
+        self.serving_not_mirrored: dict[str, int] = {}
 
     def update(self, families: list[Metric]) -> None:
         self._families = families
 
+    def not_mirrored(self, reason: str) -> None:
+        """Count a mirrored-route request the serving loop answered itself."""
+        self.serving_not_mirrored[reason] = self.serving_not_mirrored.get(reason, 0) + 1
+
     def collect(self) -> Iterable[Metric]:
-        return list(self._families)
+        families = list(self._families)
+        if not self.serving_not_mirrored:
+            return families
+        worker = next((f for f in families if f.name == NOT_MIRRORED), None)
+        merged = Metric(
+            NOT_MIRRORED,
+            worker.documentation if worker else "Mirrored-route requests that yield no record.",
+            "counter",
+        )
+        extra = dict(self.serving_not_mirrored)
+        for sample in worker.samples if worker else ():
+            reason = sample.labels.get("reason")
+            value = sample.value
+            if sample.name.endswith("_total") and reason in extra:
+                value += extra.pop(reason)
+            merged.add_sample(sample.name, sample.labels, value)
+        for reason, value in extra.items():
+            merged.add_sample(f"{NOT_MIRRORED}_total", {"reason": reason}, value)
+        return [merged if f is worker else f for f in families] + ([] if worker else [merged])
 
     def describe(self) -> Iterable[Metric]:
         return []

@@ -7,13 +7,28 @@ response chunks to the tap worker through ``Handoff`` (non-blocking, counted
 when full). It never parses, tokenizes, encodes or logs a body.
 
 Guarantees:
+- the request target and body are forwarded byte for byte: the body as it
+  came (a gzip body stays gzip; the server does not decompress, see
+  ``serving/server.py``), the target as the client wrote it (no dot-segment
+  removal, no re-quoting: ``URL(..., encoded=True)``); an absolute-form target
+  (``GET http://host/path``) is forwarded by its path and query, as uvicorn
+  and hyper read it. aiohttp's client drops a fragment and a bare trailing
+  ``?`` (neither carries meaning for a frontend); docs/INTERNALS.md;
 - the client gets the frontend's status, end-to-end headers and body bytes;
 - a client that hangs up cancels the handler (``handler_cancellation``), which
   closes the upstream connection at once so the frontend stops generating;
 - the proxy answers itself only when the frontend cannot: 502 (unreachable, or
   broken before the response started), 504 (connect timeout), 413 (body over
-  ``max_request_bytes``), as OpenAI-style JSON errors;
-- every exchange handed to the worker gets exactly one end message.
+  ``max_request_bytes``), 408 (body not received within
+  ``listen.body_timeout_s``), 400 (a body the HTTP parser cannot read), as
+  OpenAI-style JSON errors; 413 and 408 on mirrored routes are counted in
+  ``shadow_not_mirrored_total`` (the worker never sees them);
+- every exchange handed to the worker gets exactly one end message;
+- at shutdown (``stop``) in-flight exchanges get the grace period, once, then
+  are cancelled and end as ``shutdown``.
+
+Operator log lines (413s, 408s, streams the frontend broke) are rate-limited
+and hold the route and the error type, never a header or a body byte.
 """
 
 from __future__ import annotations
@@ -22,17 +37,23 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from yarl import URL
 
-from shadow_proxy.exchange import EndKind, classify
+from shadow_proxy.channel import headers as engine_headers
+from shadow_proxy.exchange import EndKind, Route, classify
 from shadow_proxy.serving.handoff import Capture, Handoff
 from shadow_proxy.serving.headers import (
     client_response_headers,
     new_request_id,
     upstream_request_headers,
+    upstream_target,
 )
+from shadow_proxy.serving.logs import RateLimited
 from shadow_proxy.serving.metrics import ProxyMetrics, status_class
 
 log = logging.getLogger(__name__)
@@ -41,6 +62,9 @@ log = logging.getLogger(__name__)
 #: Content-Length), so one large write does not hold the loop.
 LARGE_BODY_BYTES = 1024 * 1024
 SLICE_BYTES = 256 * 1024
+#: At shutdown, how long cancelled exchanges get to end (write their end
+#: message, close their upstream connection) after the grace period.
+CANCEL_WAIT_S = 1.0
 
 
 def error_response(status: int, message: str, kind: str, request_id: str, header: str):
@@ -66,6 +90,8 @@ class ProxyHandler:
         max_request_bytes: int,
         metrics: ProxyMetrics,
         handoff: Handoff | None,
+        body_timeout_s: float = 60.0,
+        not_mirrored: Callable[[str], None] | None = None,
     ):
         self.session = session
         self.upstream_url = upstream_url
@@ -73,7 +99,32 @@ class ProxyHandler:
         self.max_request_bytes = max_request_bytes
         self.metrics = metrics
         self.handoff = handoff
+        self.body_timeout_s = body_timeout_s
+        #: Counts a mirrored-route request answered here (taps configured only).
+        self.not_mirrored = not_mirrored if handoff is not None else None
         self.shutting_down = False
+        self.oplog = RateLimited(log)
+        #: The handlers running now (``stop`` gives them the grace, then cancels).
+        self._tasks: set[asyncio.Task] = set()
+
+    async def stop(self, grace_s: float) -> None:
+        """At shutdown, after the server stopped accepting: in-flight exchanges
+        get ``grace_s`` to end on their own, then are cancelled (their records
+        end as ``shutdown``). Waits once, so a stream is cut at the grace."""
+        self.shutting_down = True
+        tasks = set(self._tasks)
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        if pending:
+            log.warning(
+                "shutdown: %d exchange(s) still open after the %.1fs grace; cutting them",
+                len(pending),
+                grace_s,
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         arrival_unix_ns = time.time_ns()
@@ -84,6 +135,9 @@ class ProxyHandler:
         request_id = request.headers.get(header) or new_request_id()
         metrics = self.metrics
         metrics.in_flight.inc()
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
         status = 0
         try:
             response = await self._exchange(
@@ -98,22 +152,52 @@ class ProxyHandler:
             status = 499
             raise
         finally:
+            self._tasks.discard(task)
             metrics.in_flight.dec()
             metrics.requests.labels(label, status_class(status)).inc()
             metrics.duration.labels(label).observe((time.monotonic_ns() - arrival_mono_ns) / 1e9)
 
     async def _exchange(self, request, route, request_id, arrival_unix_ns, arrival_mono_ns):
         header = self.request_id_header
+        target = upstream_target(request.raw_path)
+        if target is None:
+            return error_response(
+                400, "the request target must be a path or an http(s) URL",
+                "invalid_request_target", request_id, header,
+            )  # fmt: skip
         if (request.content_length or 0) > self.max_request_bytes:
-            return self._too_large(request_id)
+            return self._too_large(request_id, route)
         try:
-            body = await request.read()
+            # The bytes as they came: the server does not decompress
+            # (``auto_decompress=False``), so a gzip body stays gzip.
+            async with asyncio.timeout(self.body_timeout_s):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return self._too_large(request_id)
+            return self._too_large(request_id, route)
+        except TimeoutError:
+            return self._body_timeout(request_id, route)
+        except (web.RequestPayloadError, HttpProcessingError) as e:
+            # A malformed body (chunked framing; aiohttp's C parser wraps the
+            # error, its Python parser does not): the text quotes client bytes.
+            self.metrics.rejected_requests.labels("bad_body").inc()
+            self.oplog.log(
+                "bad_body", logging.WARNING,
+                "answered 400 on %s: the request body cannot be read (%s)",
+                route.label, type(e.__cause__ or e).__name__,
+            )  # fmt: skip
+            response = error_response(
+                400, "the request body cannot be read", "invalid_request_body", request_id, header
+            )
+            response.force_close()
+            return response
 
         capture: Capture | None = None
         if self.handoff is not None and route.mirrored:
-            capture = self.handoff.open(route, request_id, body, arrival_unix_ns, arrival_mono_ns)
+            capture = self.handoff.open(
+                route, request_id, body, arrival_unix_ns, arrival_mono_ns,
+                engine_headers.pick(request.raw_headers),
+                request.headers.get("Content-Encoding", ""),
+            )  # fmt: skip
 
         headers = upstream_request_headers(
             request.headers,
@@ -122,7 +206,8 @@ class ProxyHandler:
             peer=request.remote,
             scheme=request.scheme,
         )
-        url = self.upstream_url + request.raw_path
+        # encoded=True: yarl neither re-quotes nor removes dot segments.
+        url = URL(self.upstream_url + target, encoded=True)
         data = body or None
         if len(body) > LARGE_BODY_BYTES:
             headers["Content-Length"] = str(len(body))
@@ -230,19 +315,54 @@ class ProxyHandler:
                     capture.chunk(chunk)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self.metrics.upstream_errors.labels("read_timeout").inc()
+            self.oplog.log(
+                "stream_timeout", logging.WARNING,
+                "the frontend's response on %s stalled past upstream.read_timeout_s; "
+                "the client's stream was cut", route.label,
+            )  # fmt: skip
             _break(request, response)
             return EndKind.TIMEOUT, "read timeout"
-        except (aiohttp.ClientError, OSError):
+        except (aiohttp.ClientError, OSError) as e:
             self.metrics.upstream_errors.labels("broken").inc()
+            self.oplog.log(
+                "stream_broken", logging.WARNING,
+                "the frontend's response on %s broke mid-stream (%s); the client's stream was cut",
+                route.label, type(e).__name__,
+            )  # fmt: skip
             _break(request, response)
             return EndKind.UPSTREAM_BROKEN, "connection to the frontend broke"
         await response.write_eof()
         return EndKind.CLEAN, ""
 
-    def _too_large(self, request_id: str) -> web.Response:
+    def _too_large(self, request_id: str, route: Route) -> web.Response:
+        """413: the body is over ``upstream.max_request_bytes`` (counted, logged)."""
+        if self.not_mirrored is not None and route.mirrored:
+            self.not_mirrored("too_large")
+        self.oplog.log(
+            "too_large", logging.WARNING,
+            "answered 413 on %s: the request body exceeds upstream.max_request_bytes (%d)",
+            route.label, self.max_request_bytes,
+        )  # fmt: skip
         message = f"request body exceeds the proxy's limit of {self.max_request_bytes} bytes"
         response = error_response(
             413, message, "request_too_large", request_id, self.request_id_header
+        )
+        response.force_close()
+        return response
+
+    def _body_timeout(self, request_id: str, route: Route) -> web.Response:
+        """408: the body did not arrive within ``listen.body_timeout_s``."""
+        self.metrics.body_timeouts.inc()
+        if self.not_mirrored is not None and route.mirrored:
+            self.not_mirrored("body_timeout")
+        self.oplog.log(
+            "body_timeout", logging.WARNING,
+            "answered 408 on %s: the request body did not arrive within "
+            "listen.body_timeout_s (%.0fs)", route.label, self.body_timeout_s,
+        )  # fmt: skip
+        message = f"the request body did not arrive within {self.body_timeout_s:g}s"
+        response = error_response(
+            408, message, "request_timeout", request_id, self.request_id_header
         )
         response.force_close()
         return response

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import multiprocessing
 import os
@@ -31,6 +30,8 @@ from prometheus_client.core import Metric
 from shadow_proxy.channel import control
 from shadow_proxy.config import Config
 from shadow_proxy.serving.handoff import Handoff
+from shadow_proxy.serving.lifeline import worker_entry
+from shadow_proxy.serving.logs import RateLimited
 from shadow_proxy.serving.metrics import ProxyMetrics, WorkerMetricsRelay
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,17 @@ READY_TIMEOUT_S = 120.0
 #: How long the worker may take to drain and exit before it is killed.
 STOP_TIMEOUT_S = control.DRAIN_S + 5.0
 LIVENESS_S = 0.5
+#: Tap drops are logged at most this often per tap, with the count since the
+#: last line (the per-second counters are on /metrics).
+DROP_LOG_INTERVAL_S = 60.0
 #: The worker process's main, named by its import path: the serving process
 #: never imports the worker side (tokenizers, templates); the spawned child does.
 WORKER_MAIN = ("shadow_proxy.worker.main", "run")
 
 
 class StartupError(RuntimeError):
-    """The taps cannot start (a tokenizer, a socket); the message says why."""
+    """The proxy cannot start (the listening socket, a tokenizer, a tap socket);
+    the message starts with the file (and line and key where known) and says why."""
 
 
 class Taps:
@@ -79,11 +84,16 @@ class Taps:
                 "topic": t.topic,
                 "endpoint": t.endpoint,
                 "capture": t.capture,
+                "curve": t.curve is not None,
                 "filters": list(t.filters.names),
             }
             for t in config.taps
         ]
         self.stopping = False
+        #: Per tap and reason: dropped at the last snapshot, and since the last log line.
+        self._dropped_seen: dict[str, dict[str, int]] = {}
+        self._dropped_unlogged: dict[str, dict[str, int]] = {}
+        self._drop_log = RateLimited(log, burst=1, interval_s=DROP_LOG_INTERVAL_S)
 
     def listing(self) -> list[dict]:
         return self._listing
@@ -91,8 +101,15 @@ class Taps:
     async def start_worker(self) -> None:
         spawn = multiprocessing.get_context("spawn")
         process = spawn.Process(
-            target=_worker_entry,
-            args=(WORKER_MAIN, self.config, self.handoff_endpoint, self.control_endpoint),
+            # A child never outlives its parent (serving/lifeline.py).
+            target=worker_entry,
+            args=(
+                WORKER_MAIN,
+                os.getpid(),
+                self.config,
+                self.handoff_endpoint,
+                self.control_endpoint,
+            ),
             name="shadow-proxy-tap-worker",
             daemon=True,
         )
@@ -109,7 +126,7 @@ class Taps:
                         raise StartupError(message.message)
         except TimeoutError as e:
             process.kill()
-            msg = f"the tap worker was not ready within {READY_TIMEOUT_S:.0f}s"
+            msg = f"{self.config.path}: the tap worker was not ready within {READY_TIMEOUT_S:.0f}s"
             raise StartupError(msg) from e
         except BaseException:
             if process.is_alive():
@@ -123,7 +140,8 @@ class Taps:
             if await self.control.poll(100):
                 return control.decode(await self.control.recv())
             if self.process is not None and not self.process.is_alive():
-                msg = f"the tap worker exited with status {self.process.exitcode} while starting"
+                code = self.process.exitcode
+                msg = f"{self.config.path}: the tap worker exited with status {code} while starting"
                 raise StartupError(msg)
 
     async def watch(self) -> None:
@@ -159,6 +177,30 @@ class Taps:
             families.append(family)
         self.relay.update(families)
         self._listing = message.taps
+        self._log_drops(message.taps)
+
+    def _log_drops(self, listing: list[dict]) -> None:
+        """A line when a tap drops records: at once, then at most once per
+        ``DROP_LOG_INTERVAL_S`` while the drops go on, with how many and why
+        since the last line (reasons come from a fixed vocabulary)."""
+        for tap in listing:
+            name, dropped = tap.get("name"), tap.get("dropped") or {}
+            last = self._dropped_seen.get(name, {})
+            self._dropped_seen[name] = dict(dropped)
+            unlogged = self._dropped_unlogged.setdefault(name, {})
+            for reason, n in dropped.items():
+                # A restarted worker counts from zero: then all of n is new.
+                new = n - last.get(reason, 0) if n >= last.get(reason, 0) else n
+                if new > 0:
+                    unlogged[reason] = unlogged.get(reason, 0) + new
+            if not unlogged or self._drop_log.allow(name) is None:
+                continue
+            reasons = ", ".join(f"{r}={n}" for r, n in sorted(unlogged.items()))
+            log.warning(
+                "tap %s dropped %d record(s) since the last line (%s); see "
+                "shadow_tap_dropped_total", name, sum(unlogged.values()), reasons,
+            )  # fmt: skip
+            unlogged.clear()
 
     async def stop(self) -> None:
         """Stop the worker after the serving loop has sent its last message."""
@@ -181,10 +223,23 @@ class Taps:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _worker_entry(main: tuple[str, str], *args: object) -> None:
-    """Runs in the spawned child: import the worker's main by name and run it."""
-    module, function = main
-    raise SystemExit(getattr(importlib.import_module(module), function)(*args))
+#: Hosts that mean "every interface" in a tap endpoint.
+ALL_INTERFACES = frozenset({"0.0.0.0", "*", "::", "[::]"})
+
+
+def warn_open_taps(config: Config) -> None:
+    """A warning per tap bound on every interface without CURVE: records hold
+    the prompts (token ids decode back to text) and anyone who reaches the port
+    reads them."""
+    for tap in config.taps:
+        scheme, _, rest = tap.endpoint.partition("://")
+        host = rest.rpartition(":")[0]
+        if scheme == "tcp" and host in ALL_INTERFACES and tap.curve is None:
+            log.warning(
+                "tap %s binds every interface (%s) without CURVE: anyone who can reach "
+                "the port reads the prompts; set taps[].curve, or publish.host: 127.0.0.1",
+                tap.name, tap.endpoint,
+            )  # fmt: skip
 
 
 #: The app's taps (set only when the configuration has taps).
@@ -202,6 +257,7 @@ def taps_context(config: Config, metrics: ProxyMetrics, registry: CollectorRegis
     """
 
     async def taps_ctx(app: web.Application):
+        warn_open_taps(config)
         relay = WorkerMetricsRelay()
         registry.register(relay)
         taps = Taps(config, metrics, relay)

@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from shadow_proxy.records.envelope import record_id
 from shadow_proxy.trace.blocks import TokenError, token_array
 
 
@@ -96,8 +97,7 @@ class Selection:
         if _count(arrival) is None:
             self.invalid["no_arrival"] += 1
             return None
-        request_id = envelope.get("request_id")
-        request_id = request_id if isinstance(request_id, str) else ""
+        request_id = record_id(envelope)  # a batch's prompts: one id each
         if publisher_id is not None:
             key: tuple[Any, ...] = (publisher_id, tap, seq)
         else:

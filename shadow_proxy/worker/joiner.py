@@ -11,12 +11,16 @@ queues). Per request:
    each joined tap its record built from the shared projection.
 
 Guarantees: one record per request per tap that takes it, or one counted drop
-with a reason (its ``seq`` taken, so the consumer sees the gap).
+with a reason (its ``seq`` taken, so the consumer sees the gap). A batch
+completions request is one record per prompt (``worker/request/batch.py``):
+each prompt is taken or skipped by each tap on its own, and each record takes
+its own ``seq``; the records share the request id and carry ``prompt_index``.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import re
 import time
 from typing import Any
@@ -24,19 +28,26 @@ from typing import Any
 import attrs
 
 from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.config import Config, TapConfig
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, sample_in
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.records.wire import WireError, encode_envelope
+from shadow_proxy.records.wire import WireError
+from shadow_proxy.worker.encoding import encode_record
 from shadow_proxy.worker.metrics import WorkerMetrics
+from shadow_proxy.worker.request.batch import PreprocessedBatch
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import LoadedModel
+from shadow_proxy.worker.response.batch import for_prompt
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 from shadow_proxy.worker.tap_queue import TapQueue
 
-_PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+log = logging.getLogger(__name__)
+
+#: ``usage.prompt_tokens`` (Responses: ``usage.input_tokens``) in a response's last chunks.
+_PROMPT_TOKENS_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
 
 
 @attrs.define
@@ -62,6 +73,14 @@ class Pending:
     #: The serving process's monotonic arrival stamp (CLOCK_MONOTONIC is
     #: system-wide), for offsets the worker itself must take.
     arrival_mono_ns: int = 0
+    #: Batch completions: this record's prompt, and (on the first prompt's
+    #: Pending, the one tracked) the Pendings of the other prompts, in order.
+    prompt_index: int | None = None
+    batch: list[Pending] = attrs.field(factory=list)
+
+    def parts(self) -> list[Pending]:
+        """The Pending of each record this request yields, in prompt order."""
+        return [self, *self.batch]
 
 
 class Joiner:
@@ -76,7 +95,7 @@ class Joiner:
     def __init__(self, config: Config, models: dict[str, LoadedModel]):
         self.config = config
         self.models = models
-        self.preprocessor = Preprocessor(models)
+        self.preprocessor = Preprocessor(models, config.upstream.max_request_bytes)
         self.taps = [Tap(c, TapQueue(c)) for c in config.taps]
         self.metrics = WorkerMetrics([t.queue for t in self.taps])
         self.pending: collections.OrderedDict[bytes, Pending] = collections.OrderedDict()
@@ -122,44 +141,61 @@ class Joiner:
         route = Route(route_value)
         request_id = frames[1].decode("utf-8", "replace")
         started = time.perf_counter()
-        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns)
+        headers = engine_headers.unpack(frames[3]) if len(frames) > 3 else []
+        encoding = hf.unpack_encoding(frames)  # the worker decodes its own copy, bounded
+        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns, headers, encoding)
         self.metrics.preprocess_seconds.labels(route.label).observe(time.perf_counter() - started)
-        if not isinstance(pre, PreprocessedRequest):
+        if not isinstance(pre, (PreprocessedRequest, PreprocessedBatch)):
             self.metrics.not_mirrored.labels(pre.reason).inc()
             return
-        pending = Pending(
-            route,
-            request_id,
-            arrival_unix_ns,
-            pre,
-            [],
-            None,
-            model=pre.model,
-            prompt_tokens=len(pre.token_ids),
-            arrival_mono_ns=arrival_mono_ns,
-        )
-        for tap in self.taps:
-            if not self.takes(tap, pending):
-                continue
-            if tap.config.joined:
-                pending.joined.append(tap)
-            else:
-                self.publish(tap, pending, None)
-        if pending.joined:
-            n = pre.sampling_options.get("n") or 1
-            options = [t.config.response for t in pending.joined]
+        many = isinstance(pre, PreprocessedBatch)
+        parts = [
+            Pending(
+                route,
+                request_id,
+                arrival_unix_ns,
+                one,
+                [],
+                None,
+                model=one.model,
+                prompt_tokens=len(one.token_ids),
+                arrival_mono_ns=arrival_mono_ns,
+                prompt_index=index if many else None,
+            )
+            for index, one in enumerate(pre.requests if many else (pre,))
+        ]
+        pending = parts[0]
+        pending.batch = parts[1:]
+        for part in parts:
+            for tap in self.taps:
+                try:
+                    taken = self.takes(tap, part)
+                except Exception as exc:  # this tap's filters failed: its loss only
+                    self.tap_failed(tap, exc)
+                    continue
+                if not taken:
+                    continue
+                if tap.config.joined:
+                    part.joined.append(tap)
+                else:
+                    self.publish(tap, part, None)
+        joined = [tap for part in parts for tap in part.joined]
+        if joined:
+            n = pending.pre.sampling_options.get("n") or 1
+            options = [t.config.response for t in joined]
             caps = [o.max_tokens for o in options]
             pending.recorder = ResponseRecorder(
                 route,
-                n,
+                n * len(parts),
                 # Upstream ids beyond every tap's cap are never published.
                 max_token_ids_per_choice=None if None in caps else max(caps),
                 chunk_timing=any(o.chunk_timing for o in options),
             )
-        else:
-            # Only the prompt-token check waits for the end: keep the request slim.
-            pending.pre = None
-            pending.projections.clear()
+        for part in parts:
+            if not part.joined:
+                # Only the prompt-token check waits for the end: keep the request slim.
+                part.pre = None
+                part.projections.clear()
         self.track(key, pending)
 
     def track(self, key: bytes, pending: Pending) -> None:
@@ -167,8 +203,9 @@ class Joiner:
         while len(self.pending) > self.max_in_flight:
             _, oldest = self.pending.popitem(last=False)
             self.metrics.evicted.inc()
-            for tap in oldest.joined:
-                tap.queue.drop("evicted")
+            for part in oldest.parts():
+                for tap in part.joined:
+                    tap.queue.drop("evicted")
 
     def takes(self, tap: Tap, pending: Pending) -> bool:
         config, pre = tap.config, pending.pre
@@ -196,36 +233,48 @@ class Joiner:
         if pending.recorder is None:
             self.check_prompt_tokens_in_tail(pending, tail)
             return
+        parts = pending.parts()
         if end is EndKind.CAPTURE_LOST:
-            for tap in pending.joined:
-                tap.queue.drop("handoff_full")
+            for part in parts:
+                for tap in part.joined:
+                    tap.queue.drop("handoff_full")
             return
         observed = pending.recorder.finish(end, offset, detail)
         pending.recorder = None
         model = self.models[pending.model]
+        joined = [tap for part in parts for tap in part.joined]
         final = observed.finalize(
-            model.encode, token_ids=any(t.config.response.tokens for t in pending.joined)
+            model.encode, token_ids=any(t.config.response.tokens for t in joined)
         )
-        usage = observed.usage or {}
-        self.check_prompt_tokens(pending, usage.get("prompt_tokens"))
+        self.check_prompt_tokens(pending, reported_prompt_tokens(observed.usage))
         if observed.first_token_offset_ns is not None:
             self.metrics.ttft.observe(observed.first_token_offset_ns / 1e9)
-        for tap in pending.joined:
-            options = tap.config.response
-            response = final.to_record(
-                tokens=options.tokens,
-                text=options.text,
-                max_tokens=options.max_tokens,
-                chunk_timing=options.chunk_timing,
-            )
-            self.publish(tap, pending, response)
+        for part in parts:
+            answer = final
+            if part.prompt_index is not None:
+                answer = for_prompt(final, part.prompt_index, observed.n // len(parts))
+            for tap in part.joined:
+                options = tap.config.response
+                try:
+                    response = answer.to_record(
+                        tokens=options.tokens,
+                        text=options.text,
+                        max_tokens=options.max_tokens,
+                        chunk_timing=options.chunk_timing,
+                    )
+                except Exception as exc:  # this tap's record failed: its loss only
+                    self.tap_failed(tap, exc)
+                    continue
+                self.publish(tap, part, response)
 
     def check_prompt_tokens(self, pending: Pending, reported: Any) -> None:
+        """The frontend's prompt count against the rebuilt one (a batch's usage
+        is summed over its prompts, so is the rebuilt count)."""
         if type(reported) is not int:
             return
         model = pending.model
         self.metrics.prompt_checks.labels(model).inc()
-        if reported != pending.prompt_tokens:
+        if reported != sum(part.prompt_tokens for part in pending.parts()):
             self.metrics.prompt_mismatches.labels(model).inc()
 
     def check_prompt_tokens_in_tail(self, pending: Pending, tail: list[bytes]) -> None:
@@ -239,12 +288,25 @@ class Joiner:
 
     # -- records -----------------------------------------------------------------
 
+    def tap_failed(self, tap: Tap, exc: Exception) -> None:
+        """One tap's filters, projection or response failed on a request: that tap
+        loses the record (counted, its seq taken); no other tap is affected."""
+        tap.queue.drop("projection_error")
+        log.warning("tap %s: record dropped (%s)", tap.config.name, type(exc).__name__)
+
     def publish(self, tap: Tap, pending: Pending, response: dict | None) -> None:
+        """Project (shared by taps with equal filters), build, encode and offer one
+        tap's record. A failure costs this tap one counted drop
+        (``projection_error`` or ``encode_error``) and nothing else."""
         config = tap.config
         projection_key = config.filters.projection_key
         request = pending.projections.get(projection_key)
         if request is None:
-            request = config.filters.project(pending.pre)
+            try:
+                request = config.filters.project(pending.pre)
+            except Exception as exc:  # RecursionError, ProjectionError, a bug
+                self.tap_failed(tap, exc)
+                return
             pending.projections[projection_key] = request
         seq = tap.queue.take_seq()
         envelope = build_envelope(
@@ -257,10 +319,11 @@ class Joiner:
             sample_rate=config.sample,
             request=request,
             response=response,
+            prompt_index=pending.prompt_index,
         )
         try:
-            payload = encode_envelope(envelope)
-        except WireError:
+            payload = encode_record(envelope)
+        except (WireError, RecursionError):
             tap.queue.dropped["encode_error"] += 1
             return
         tap.queue.offer(payload)
@@ -272,6 +335,13 @@ class Joiner:
                 offset = max(0, time.monotonic_ns() - pending.arrival_mono_ns)
                 self.on_end(pending, EndKind.SHUTDOWN, offset, "proxy shut down", [])
         self.pending.clear()
+
+
+def reported_prompt_tokens(usage: dict[str, Any] | None) -> Any:
+    """The frontend's prompt count: ``usage.prompt_tokens``, or the Responses
+    API's ``usage.input_tokens``."""
+    usage = usage or {}
+    return usage.get("prompt_tokens", usage.get("input_tokens"))
 
 
 def _head_args(head: tuple[int, int, str, str]) -> tuple[int, str, str, int]:

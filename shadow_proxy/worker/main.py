@@ -34,6 +34,7 @@ from shadow_proxy.channel import control
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker.publishers import curve
 from shadow_proxy.worker.publishers.zeromq import Publisher
 from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
 
@@ -56,12 +57,22 @@ class Publishing:
 
     def __init__(self, joiner: Joiner, context: zmq.Context, link: Any = None):
         self.joiner = joiner
-        self.publishers = [
-            link.publisher(tap.queue)
-            if tap.config.transport == "nats"
-            else Publisher(context, tap.queue)
-            for tap in joiner.taps
-        ]
+        self.publishers: list[Any] = []
+        keys = curve.load_all(joiner.config)
+        #: ZAP for the CURVE taps, in its own thread (see ``publishers/curve.py``).
+        self.authenticator = curve.start_authenticator(context, keys)
+        for tap in joiner.taps:
+            if tap.config.transport == "nats":
+                self.publishers.append(link.publisher(tap.queue))
+                continue
+            try:
+                self.publishers.append(Publisher(context, tap.queue, keys.get(tap.config.name)))
+            except zmq.ZMQError as e:
+                self.close()
+                name, endpoint = tap.config.name, tap.config.endpoint
+                where = joiner.config.where(f"taps[{name}].endpoint")
+                msg = f"{where}: tap '{name}' cannot bind {endpoint} ({zmq.strerror(e.errno)})"
+                raise TapSocketError(msg) from e
         if link is not None:
             joiner.metrics.registry.register(link.metrics)
 
@@ -93,6 +104,9 @@ class Publishing:
     def close(self) -> None:
         for publisher in self.publishers:
             publisher.close()
+        if self.authenticator is not None:
+            self.authenticator.stop()
+            self.authenticator = None
 
     def listing(self) -> list[dict]:
         """What ``/shadow/taps`` shows of each tap."""
@@ -105,6 +119,7 @@ class Publishing:
                     "topic": config.topic,
                     "endpoint": publisher.endpoint,
                     "capture": config.capture,
+                    "curve": config.curve is not None,
                     "filters": list(config.filters.names),
                     "models": list(config.models),
                     "sample": config.sample,
@@ -124,6 +139,10 @@ class Publishing:
         return listing
 
 
+class TapSocketError(OSError):
+    """A tap's socket cannot be bound; the message names the key's line."""
+
+
 def _jetstream_link(config: Config) -> Any:
     """The JetStream link when a tap publishes to NATS (None otherwise); it starts
     connecting now, while the tokenizers load. Imported only then: a worker
@@ -136,10 +155,19 @@ def _jetstream_link(config: Config) -> Any:
 
 
 def _load_models(config: Config) -> dict[str, LoadedModel]:
-    return {
-        entry.name: load_model(entry.name, entry.tokenizer, entry.context_length)
-        for entry in config.models
-    }
+    models = {}
+    for index, entry in enumerate(config.models):
+        try:
+            models[entry.name] = load_model(
+                entry.name,
+                entry.tokenizer,
+                entry.context_length,
+                template_engine=entry.template_engine,
+            )
+        except ModelLoadError as e:
+            msg = f"{config.where(f'models[{index}].tokenizer')}: {e}"
+            raise ModelLoadError(msg) from e
+    return models
 
 
 def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
@@ -169,8 +197,8 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
         joiner = Joiner(config, _load_models(config))
         publishing = Publishing(joiner, context, link)
         problem = link.startup_problem() if link is not None else None
-    except (ModelLoadError, zmq.ZMQError, OSError) as e:
-        problem = str(e) if isinstance(e, ModelLoadError) else f"tap socket: {e}"
+    except (ModelLoadError, TapSocketError, curve.CurveKeyError) as e:
+        problem = str(e)
     if problem is not None:
         say(control.Failed(problem))
         if link is not None:

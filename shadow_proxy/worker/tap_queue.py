@@ -19,8 +19,9 @@ from shadow_proxy.config import TapConfig
 #: deadline passed, socket closed). ``handoff_full``: the serving loop could
 #: not hand the request or its response to the worker. ``evicted``: the
 #: worker tracked too many unfinished requests and gave up on the oldest.
-#: ``encode_error``: the record could not be encoded.
-DROP_REASONS = ("full", "closed", "handoff_full", "evicted", "encode_error")
+#: ``encode_error``: the record could not be encoded. ``projection_error``:
+#: this tap's filters failed on the request (e.g. input nested too deep).
+DROP_REASONS = ("full", "closed", "handoff_full", "evicted", "encode_error", "projection_error")
 
 
 @attrs.define

@@ -97,8 +97,9 @@ class TestCommandLine:
         )
         result = run_cli("--log-level", "error", "serve", "--config", str(path))
         assert result.returncode == 2, result.stderr
-        assert f"shadow-proxy: {path}: " in result.stderr
-        assert str(missing) in result.stderr
+        # The line and key of the tokenizer, and what is wrong with it (issue 17).
+        assert f"shadow-proxy: {path}:5: 'models[0].tokenizer'" in result.stderr
+        assert f"{missing} for model 'm' does not exist" in result.stderr
         assert "'m'" in result.stderr
         assert "Traceback" not in result.stderr
 

@@ -647,6 +647,8 @@ class TestShutdown:
             frontend[0],
             models={MODEL: model_dirs[MODEL]},
             taps=[tap("stop", endpoint)],
+            # The proxy waits the configured grace (issue 17), not the runner's timeout.
+            shutdown_grace_s=1,
         )
         rid = new_id("shutdown")
         body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2000, "stream": True}

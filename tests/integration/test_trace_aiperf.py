@@ -147,7 +147,8 @@ class TestAIPerfReplaysTheTrace:
             ],
         )
         trace = tmp_path / "trace.jsonl"
-        code = trace_main(
+        code = await asyncio.to_thread(
+            trace_main,
             [
                 "export",
                 str(records),
@@ -158,7 +159,7 @@ class TestAIPerfReplaysTheTrace:
                 "--no-session-id",
                 "-o",
                 str(trace),
-            ]
+            ],
         )
         assert code == 0
         rows = [json.loads(line) for line in trace.read_text().splitlines()]

@@ -138,7 +138,9 @@ class TestDynamoExportEqualsDynamosTrace:
         envelopes = [found[i] for i in ids]
         records = write_records(tmp_path / "records.bin", envelopes)
         out = tmp_path / "dynamo.jsonl"
-        code = trace_main(["export", str(records), "--format", "dynamo", "-o", str(out)])
+        code = await asyncio.to_thread(
+            trace_main, ["export", str(records), "--format", "dynamo", "-o", str(out)]
+        )
         assert code == 0
         ours = [json.loads(line)["event"] for line in out.read_text().splitlines()]
 

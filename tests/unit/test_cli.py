@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,7 +46,7 @@ class TestServe:
         assert cli.main(["serve", "--config", str(path)]) == cli.EXIT_CONFIG == 2
         err = capsys.readouterr().err.splitlines()
         assert err == [f"shadow-proxy: {path}:3: 'listen.prot' is not a known key; "
-                       "expected one of host, port"]  # fmt: skip
+                       "expected one of body_timeout_s, host, max_connections, port"]  # fmt: skip
 
     def test_unknown_arguments(self, capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as caught:
@@ -89,3 +91,22 @@ class TestSubcommands:
             cli.main(["bench", "--help"])
         assert caught.value.code == 0
         assert "shadow-proxy bench" in capsys.readouterr().out
+
+
+def test_help_is_complete():
+    result = subprocess.run(
+        [sys.executable, "-m", "shadow_proxy.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "A reverse-proxy sidecar for OpenAI-compatible LLM frontends: it forwards" in text
+    assert "publishes each request, as the engine sees it, on taps." in text
+    for command in ("serve", "mock-frontend", "consumer", "bench", "demo"):
+        assert command in text
+    # No sentence cut off: every paragraph of the description and epilog ends with a period.
+    description = result.stdout.split("\n\n")[1]
+    assert description.rstrip().endswith(".")
+    assert "exits with status 2" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shadow_proxy.exchange import EndKind, Route, classify
+from shadow_proxy.records.envelope import ORIGINS
 
 
 class TestClassify:
@@ -32,14 +33,14 @@ class TestClassify:
         assert classify(method, path) is route
 
     def test_mirrored_routes(self) -> None:
-        assert {r for r in Route if r.mirrored} == {Route.CHAT, Route.COMPLETIONS}
+        assert {r for r in Route if r.mirrored} == {Route.CHAT, Route.COMPLETIONS, Route.RESPONSES}
 
 
 class TestRouteLabels:
     """Labels and origins come from the enum, never from a path."""
 
     def test_labels(self) -> None:
-        assert [r.label for r in Route] == ["other", "chat", "completions", "models"]
+        assert [r.label for r in Route] == ["other", "chat", "completions", "models", "responses"]
 
     def test_origins(self) -> None:
         origins = {r: r.origin for r in Route}
@@ -48,6 +49,7 @@ class TestRouteLabels:
             Route.CHAT: "chat",
             Route.COMPLETIONS: "completions",
             Route.MODELS: "other",
+            Route.RESPONSES: "responses",
         }
 
 
@@ -55,7 +57,7 @@ class TestWireValues:
     """Routes and end kinds travel as one byte in the hand-off: their values are fixed."""
 
     def test_route_values(self) -> None:
-        assert [int(r) for r in Route] == [0, 1, 2, 3]
+        assert [int(r) for r in Route] == [0, 1, 2, 3, 4]
 
     def test_end_kind_values(self) -> None:
         assert {k.name: int(k) for k in EndKind} == {
@@ -67,3 +69,23 @@ class TestWireValues:
             "SHUTDOWN": 5,
             "CAPTURE_LOST": 6,
         }
+
+
+class TestResponsesRoute:
+    """``POST /v1/responses`` is mirrored, labelled and recorded as ``responses``."""
+
+    @pytest.mark.parametrize("path", ["/v1/responses", "/v1/responses/"])
+    def test_post_is_mirrored(self, path: str) -> None:
+        route = classify("POST", path)
+        assert route is Route.RESPONSES
+        assert route.mirrored
+        assert route.label == "responses"
+        assert route.origin == "responses"
+        assert route.origin in ORIGINS
+
+    @pytest.mark.parametrize(
+        ("method", "path"),
+        [("GET", "/v1/responses"), ("GET", "/v1/responses/resp_1"), ("POST", "/v1/responses/x")],
+    )
+    def test_other_requests_are_not(self, method: str, path: str) -> None:
+        assert classify(method, path) is Route.OTHER

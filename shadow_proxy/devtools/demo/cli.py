@@ -53,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--concurrency", type=_positive_int, default=16, help="requests in flight at once"
     )
-    parser.add_argument("--isl", type=_positive_int, default=512, help="prompt tokens (about)")
+    parser.add_argument(
+        "--isl",
+        type=_positive_int,
+        default=512,
+        help="prompt tokens (about: of the model's tokenizer, counted before the run)",
+    )
     parser.add_argument("--osl", type=_positive_int, default=32, help="output tokens")
     parser.add_argument(
         "--stream",

@@ -36,7 +36,7 @@ from shadow_proxy.devtools.demo.services import (
     print_tails,
     wait_for_run,
 )
-from shadow_proxy.devtools.loadgen import LoadSpec, run_load
+from shadow_proxy.devtools.loadgen import LoadSpec, run_load, tokens_per_word_of
 from shadow_proxy.devtools.processes import Child, cli_argv, reserve_endpoint, reserve_port
 from shadow_proxy.devtools.reference_taps import (
     TAP_NAMES,
@@ -118,6 +118,8 @@ async def run_once(run: RunOptions, frontend: str, log_dir: Path) -> dict[str, A
                 requests=run.requests,
                 concurrency=run.concurrency,
                 prompt_tokens=run.isl,
+                # --isl counts the model's tokens, not words of the prompt list.
+                tokens_per_word=tokens_per_word_of(str(run.tokenizer / "tokenizer.json")),
                 output_tokens=run.osl,
                 stream=run.stream,
                 cancel_fraction=run.cancel_fraction,

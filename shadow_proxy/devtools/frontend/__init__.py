@@ -1,8 +1,8 @@
 """A built-in OpenAI-compatible frontend for the demo, the tests and the benchmarks.
 
 It answers ``/v1/chat/completions`` and ``/v1/completions`` (streaming SSE and
-unary), ``/v1/models`` and ``/health`` as a real frontend would, without a
-model:
+unary), ``/v1/responses`` (``responses.py``), ``/v1/models`` and ``/health`` as a
+real frontend would, without a model:
 
 - ``usage.prompt_tokens`` is exact: chat messages are rendered with the model's
   own chat template (generation prompt added) and the text is encoded without
@@ -27,7 +27,8 @@ particular that it stopped generating when the client went away.
 
 Modules: ``config`` (configuration, faults), ``models`` (templates, prompt
 counts), ``generation`` (validation, planning, chunk encoding), ``handlers``
-(the routes), ``app`` (the application and its server), ``cli``
+(the routes), ``responses`` (the Responses API route), ``app`` (the
+application and its server), ``cli``
 (``shadow-proxy mock-frontend``).
 """
 

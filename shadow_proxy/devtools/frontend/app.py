@@ -2,7 +2,8 @@
 
 ``make_app`` runs once per app: it loads the models (unless given loaded
 ones), starts the prompt-encoding pool (shut down in a cleanup context) and
-routes ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``,
+routes ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses``
+(``responses.py``), ``/v1/models``,
 ``/health`` and ``/mock/stats``. ``serve_mock_frontend`` runs the app as
 production runs it (handler cancellation on, no access log), so a client that
 goes away cancels its generation.
@@ -19,6 +20,7 @@ from aiohttp import web
 from shadow_proxy.devtools.frontend.config import MockConfig
 from shadow_proxy.devtools.frontend.handlers import Handlers, MockStats
 from shadow_proxy.devtools.frontend.models import ServedModel, load_models
+from shadow_proxy.devtools.frontend.responses import ResponsesHandler
 
 STATS_KEY = web.AppKey("mock_stats", MockStats)
 MODELS_KEY = web.AppKey("mock_models", dict)
@@ -55,6 +57,7 @@ def make_app(
     app.cleanup_ctx.append(shutdown_pool)
     app.router.add_post("/v1/chat/completions", handlers.chat)
     app.router.add_post("/v1/completions", handlers.completions)
+    app.router.add_post("/v1/responses", ResponsesHandler(handlers).handle)
     app.router.add_get("/v1/models", handlers.list_models)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/mock/stats", handlers.get_stats)

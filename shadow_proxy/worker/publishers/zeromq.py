@@ -17,6 +17,7 @@ import time
 import zmq
 
 from shadow_proxy.records.wire import Heartbeat, encode_frames, heartbeat_topic, new_publisher_id
+from shadow_proxy.worker.publishers.curve import TapKeys, make_server
 from shadow_proxy.worker.tap_queue import TapQueue
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ class Publisher:
     #: Records sent and not yet confirmed: none, a ZeroMQ send is final.
     in_flight = 0
 
-    def __init__(self, context: zmq.Context, queue: TapQueue):
+    def __init__(self, context: zmq.Context, queue: TapQueue, keys: TapKeys | None = None):
+        """Bind the tap's socket; with ``keys`` as a CURVE server (``curve.py``)."""
         config = queue.config
         self.queue = queue
         self.topic = config.topic
@@ -41,6 +43,8 @@ class Publisher:
         self.socket.setsockopt(zmq.RCVHWM, 1000)
         self.socket.setsockopt(zmq.LINGER, LINGER_MS)
         self.socket.setsockopt(zmq.XPUB_NODROP, 1)
+        if keys is not None:
+            make_server(self.socket, config.name, keys)
         self.socket.bind(config.endpoint)
         self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
 

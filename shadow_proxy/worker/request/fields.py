@@ -12,19 +12,24 @@ from typing import Any
 import attrs
 
 NOT_MIRRORED_REASONS: tuple[str, ...] = (
+    "content_encoding",  # a Content-Encoding the worker does not decode, or bytes that fail to
+    "body_too_large",  # the decoded body exceeds upstream.max_request_bytes
+    "too_large",  # the serving loop answered 413 (counted there: the worker never sees it)
+    "body_timeout",  # the serving loop answered 408 (counted there)
     "non_utf8",  # the body is not UTF-8
     "invalid_json",  # the body is not JSON (NaN and Infinity included, as serde rejects them)
     "not_an_object",  # the JSON is not an object
     "missing_model",  # no string `model`
     "unknown_model",  # a model not in the configuration
-    "missing_messages",  # chat without a non-empty `messages` list
+    "missing_messages",  # chat without a non-empty `messages` list, responses without `input`
     "missing_prompt",  # completions without `prompt` (or `prompt_embeds`)
     "invalid_field",  # a field of the wrong type or shape; the frontend rejects it too
-    "batch_prompt",  # completions with several prompts: one engine request each
-    "prompt_too_long",  # prompt fills the context; the frontend rejects it
+    "batch_prompt",  # a guard: batches are split into one request per prompt before this
     "template_error",  # the chat template failed (raise_exception included) or is missing
     "tokenizer_error",  # the tokenizer failed
-    "unsupported_route",  # not a chat or completions request
+    "previous_response",  # responses: `previous_response_id`, a prompt the frontend keeps
+    "stored_prompt",  # responses: `prompt` (a stored prompt template), kept by the frontend
+    "unsupported_route",  # not a chat, completions or responses request
     "internal_error",  # a bug here; logged with the exception type only
 )
 

@@ -5,6 +5,7 @@ from the request body and ``nvext`` as a Dynamo frontend fills them. Pure.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from shadow_proxy.worker.request.fields import (
@@ -21,6 +22,8 @@ from shadow_proxy.worker.request.fields import (
     strings,
 )
 from shadow_proxy.worker.request.prompt import token_list
+
+_F32 = struct.Struct("<f")
 
 
 def stop_conditions(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any]:
@@ -59,6 +62,17 @@ def _stop(value: Any, *, chat: bool) -> tuple[list[str] | None, list[int] | None
     raise Reject("invalid_field")
 
 
+def f32(value: float | None) -> float | None:
+    """The value as the engine gets it: Dynamo keeps sampling floats as f32
+    (a request's 0.7 reaches the engine as 0.699999988079071)."""
+    if value is None:
+        return None
+    try:
+        return _F32.unpack(_F32.pack(value))[0]
+    except OverflowError:
+        raise Reject("invalid_field") from None
+
+
 def sampling_options(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any]:
     top_k = integer(request, "top_k", -I32, I32)
     if top_k is None:
@@ -70,17 +84,17 @@ def sampling_options(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any
     options = {
         "n": integer(request, "n", 0, 256),
         "best_of": None if chat else integer(request, "best_of", 0, 256),
-        "presence_penalty": number(request, "presence_penalty"),
-        "frequency_penalty": number(request, "frequency_penalty"),
-        "repetition_penalty": repetition_penalty,
-        "temperature": number(request, "temperature"),
-        "top_p": number(request, "top_p"),
+        "presence_penalty": f32(number(request, "presence_penalty")),
+        "frequency_penalty": f32(number(request, "frequency_penalty")),
+        "repetition_penalty": f32(repetition_penalty),
+        "temperature": f32(number(request, "temperature")),
+        "top_p": f32(number(request, "top_p")),
         "top_k": -1 if top_k == 0 else top_k,
-        "min_p": number(request, "min_p"),
+        "min_p": f32(number(request, "min_p")),
         "seed": integer(request, "seed", -I64, I64),
-        # Dynamo's frontend never sets use_beam_search or length_penalty.
-        # Its serde default for include_stop_str_in_output is false.
-        "include_stop_str_in_output": False if include_stop is None else include_stop,
+        # Dynamo's frontend never sets use_beam_search or length_penalty, and
+        # leaves include_stop_str_in_output unset unless the request sets it.
+        "include_stop_str_in_output": include_stop,
         "guided_decoding": _guided_decoding(request, nvext, chat=chat),
     }
     if boolean(nvext, "greed_sampling"):
@@ -96,6 +110,8 @@ def _guided_decoding(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any
     json_schema = pick("guided_json")
     if json_schema is None and chat:
         json_schema = _response_format_schema(request.get("response_format"))
+    if json_schema is None and chat:
+        json_schema = _tool_choice_schema(request.get("tool_choice"), request.get("tools"))
     choice = pick("guided_choice")
     if choice is not None and not (
         isinstance(choice, list) and all(isinstance(item, str) for item in choice)
@@ -114,6 +130,37 @@ def _guided_decoding(request: dict, nvext: dict, *, chat: bool) -> dict[str, Any
         return None
     options["backend"] = string(pick("guided_decoding_backend"))
     return compact(options)
+
+
+def _tool_choice_schema(choice: Any, tools: Any) -> Any:
+    """The JSON schema Dynamo 1.6.1 guides a forced tool call with (measured with
+    the recording backend): a named function's ``parameters`` as the client sent
+    them; for ``required``, an array of at least one ``{name, parameters}``
+    object, one ``anyOf`` branch per tool."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    functions = [t.get("function") for t in tools if isinstance(t, dict)]
+    functions = [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    if isinstance(choice, dict):
+        wanted = choice.get("function")
+        name = wanted.get("name") if isinstance(wanted, dict) else None
+        for function in functions:
+            if function["name"] == name:
+                return function.get("parameters") or {}
+        raise Reject("invalid_field")  # a named tool that is not offered: a 400
+    if choice != "required":
+        return None
+    branches = [
+        {
+            "properties": {
+                "name": {"type": "string", "enum": [function["name"]]},
+                "parameters": function.get("parameters") or {},
+            },
+            "required": ["name", "parameters"],
+        }
+        for function in functions
+    ]
+    return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": branches}}
 
 
 def _response_format_schema(value: Any) -> Any:
@@ -169,8 +216,9 @@ _PINS = {
 }
 
 
-def routing(nvext: dict) -> dict[str, Any]:
-    """Dynamo's ``RoutingHints``: worker pins, plus workload hints from ``agent_hints``."""
+def routing(nvext: dict, salt: str | None) -> dict[str, Any]:
+    """Dynamo's ``RoutingHints``: worker pins, workload hints from ``agent_hints``,
+    the cache salt."""
     routing: dict[str, Any] = {key: integer(nvext, key, 0, bound) for key, bound in _PINS.items()}
     hints = mapping(nvext, "agent_hints") or {}
     priority = integer(hints, "priority", -I32, I32)
@@ -180,6 +228,7 @@ def routing(nvext: dict) -> dict[str, Any]:
     routing["strict_priority"] = integer(hints, "strict_priority", 0, U32)
     routing["priority"] = priority
     routing["routing_constraints"] = mapping(nvext, "routing_constraints")
+    routing["cache_salt"] = salt
     # Dynamo carries nvext.router (latency targets) in a field of its own that
     # PreprocessedRequest lacks; it is a workload hint, kept here.
     routing["router"] = mapping(nvext, "router")
@@ -192,34 +241,74 @@ def extra_args(request: dict, nvext: dict) -> dict[str, Any]:
     left out, as they repeat the prompt and any inline image data.)"""
     passthrough = {
         "extra_fields": strings(nvext, "extra_fields"),
-        "cache_salt": string(nvext.get("cache_salt")),
+        "cache_salt": cache_salt(request, nvext),
         "metadata_upload": mapping(nvext, "metadata_upload"),
         "token_in": True if nvext.get("token_data") is not None else None,
     }
-    if passthrough["cache_salt"] is None:
-        passthrough["cache_salt"] = string(request.get("cache_salt"))
     sampling = {
         key: request[key]
         for key in ("detokenize", "allowed_token_ids", "bad_words_token_ids")
         if key in request
     }
+    if sampling.get("allowed_token_ids") is not None:  # Dynamo: 400 unless token ids
+        sampling["allowed_token_ids"] = token_list(sampling["allowed_token_ids"])
     return compact({"nvext": compact(passthrough) or None, "sampling_options": sampling or None})
 
 
-def agent_context(request: dict, nvext: dict) -> dict[str, Any]:
-    """Session identity. Dynamo takes it from agent harness headers, which the
-    hand-off does not carry; the body forms it also accepts are read here:
-    an ``agent_context`` object, else ``nvext.session_control.session_id``."""
-    context = mapping(request, "agent_context") or mapping(nvext, "agent_context")
-    if context is not None:
-        if not isinstance(context.get("session_id"), str):
+#: ``nvext`` as Dynamo 1.6.1 reads it: every key and sub-key it knows; any
+#: other is a 400 ("unknown field"), so such a request is not mirrored.
+NVEXT_FIELDS: dict[str, frozenset[str] | None] = {
+    "greed_sampling": None,
+    "use_raw_prompt": None,
+    "annotations": None,
+    "backend_instance_id": None,
+    "token_data": None,
+    "max_thinking_tokens": None,
+    "cache_salt": None,
+    "extra_fields": None,
+    "metadata_upload": frozenset({"url"}),
+    "prefill_worker_id": None,
+    "decode_worker_id": None,
+    "dp_rank": None,
+    "prefill_dp_rank": None,
+    "agent_hints": frozenset(
+        {"priority", "strict_priority", "osl", "speculative_prefill", "latency_sensitivity"}
+    ),
+    "request_timestamp_ms": None,
+    "routing_constraints": frozenset({"required_taints", "preferred_taints"}),
+    "router": frozenset({"ttft_target", "itl_target"}),
+}
+
+
+def check_nvext(nvext: dict) -> None:
+    """Reject an ``nvext`` the 1.6.1 frontend refuses (unknown keys at any level)."""
+    for key, value in nvext.items():
+        if key not in NVEXT_FIELDS:
             raise Reject("invalid_field")
-        keys = ("session_id", "parent_session_id", "session_final", "compaction", "kv_hints")
-        return compact({key: context.get(key) for key in keys})
-    session = mapping(nvext, "session_control")
-    if session is not None:
-        session_id = session.get("session_id")
-        if not isinstance(session_id, str):
+        known = NVEXT_FIELDS[key]
+        if known is None or value is None:
+            continue
+        if not isinstance(value, dict) or not known.issuperset(value):
             raise Reject("invalid_field")
-        return {"session_id": session_id}
-    return {}
+
+
+def with_header_overrides(nvext: dict, overrides: dict) -> dict:
+    """``nvext`` with the routing headers' values put over the body's."""
+    if not overrides:
+        return nvext
+    merged = {**nvext, **overrides}
+    if "agent_hints" in overrides:
+        merged["agent_hints"] = {
+            **(mapping(nvext, "agent_hints") or {}),
+            **overrides["agent_hints"],
+        }
+    return merged
+
+
+def cache_salt(request: dict, nvext: dict) -> str | None:
+    """The cache salt: ``nvext.cache_salt`` (the tenant header's when given), else the
+    top-level ``cache_salt``; blank means absent."""
+    for value in (nvext.get("cache_salt"), request.get("cache_salt")):
+        if string(value):
+            return value
+    return None

@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.worker.request import options
+from shadow_proxy.worker.request import batch, identity, options, responses
+from shadow_proxy.worker.request.body import decode_body
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
     Reject,
@@ -51,24 +53,61 @@ from shadow_proxy.worker.request.fields import (
     reject_constant,
     strings,
 )
+from shadow_proxy.worker.request.identity import Headers
 from shadow_proxy.worker.request.prompt import chat_tokens, completion_tokens
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 
 log = logging.getLogger(__name__)
 
+#: A JSON escape of a UTF-16 surrogate; only then is a body checked for lone ones.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(request: dict) -> bool:
+    """Whether a string in the request holds a lone surrogate (paired escapes
+    become one character when parsed, lone ones stay)."""
+    try:
+        json.dumps(request, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+#: Top-level fields the 1.6.1 frontend refuses with 400 ("Unsupported
+#: parameter"): session identity is never read from the body.
+_REJECTED_FIELDS = ("agent_context", "session_id", "conversation_id", "safety_identifier")
+
 
 class Preprocessor:
-    """Builds the engine's view of chat and completions requests for the loaded models."""
+    """Builds the engine's view of chat, completions and responses requests for the
+    loaded models."""
 
-    def __init__(self, models: Mapping[str, LoadedModel]) -> None:
+    def __init__(
+        self, models: Mapping[str, LoadedModel], max_body_bytes: int = 64 * 1024 * 1024
+    ) -> None:
         self._models = dict(models)
+        #: Bound on a decoded (decompressed) body: ``upstream.max_request_bytes``.
+        self.max_body_bytes = max_body_bytes
 
     def preprocess(
-        self, route: Route, body: bytes, arrival_unix_ns: int
-    ) -> PreprocessedRequest | NotMirrored:
-        """The preprocessed request, or why there is none. Never raises."""
+        self,
+        route: Route,
+        body: bytes,
+        arrival_unix_ns: int,
+        headers: Sequence[tuple[str, str]] = (),
+        content_encoding: str = "",
+    ) -> PreprocessedRequest | batch.PreprocessedBatch | NotMirrored:
+        """The preprocessed request (one per prompt for batch completions), or
+        why there is none. Never raises.
+
+        ``body`` is as the client sent it; ``content_encoding`` its header.
+        ``headers``: the allow-listed request headers (``channel.headers``),
+        which fill ``agent_context``, ``image_cache_scope``, routing overrides
+        and the cache salt as Dynamo fills them (``identity.py``)."""
         try:
-            return self._preprocess(route, body, arrival_unix_ns)
+            if content_encoding:
+                body = decode_body(body, content_encoding, self.max_body_bytes)
+            return self._preprocess(route, body, arrival_unix_ns, Headers(list(headers)))
         except Reject as reject:
             return NotMirrored(reject.reason)
         except RecursionError:
@@ -77,8 +116,10 @@ class Preprocessor:
             log.error("preprocess failed unexpectedly: %s", type(exc).__name__)
             return NotMirrored("internal_error")
 
-    def _preprocess(self, route: Route, body: bytes, arrival_unix_ns: int) -> PreprocessedRequest:
-        if route not in (Route.CHAT, Route.COMPLETIONS):
+    def _preprocess(
+        self, route: Route, body: bytes, arrival_unix_ns: int, headers: Headers
+    ) -> PreprocessedRequest | batch.PreprocessedBatch:
+        if route not in (Route.CHAT, Route.COMPLETIONS, Route.RESPONSES):
             raise Reject("unsupported_route")
         try:
             text = body.decode("utf-8")
@@ -90,22 +131,48 @@ class Preprocessor:
             raise Reject("invalid_json") from None
         if not isinstance(request, dict):
             raise Reject("not_an_object")
+        if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(request):
+            raise Reject("invalid_json")  # serde refuses them: the frontend answers 400
         name = request.get("model")
         if not isinstance(name, str):
             raise Reject("missing_model")
         model = self._models.get(name)
         if model is None:
             raise Reject("unknown_model")
+        if route is Route.RESPONSES:  # rebuilt as the chat request 1.6.1 makes of it
+            request = responses.chat_request(request)
+        if route is Route.COMPLETIONS and (many := batch.prompts(request)) is not None:
+            return batch.PreprocessedBatch(
+                tuple(
+                    self._engine_request(
+                        route, model, {**request, "prompt": p}, arrival_unix_ns, headers
+                    )
+                    for p in many
+                )
+            )
+        return self._engine_request(route, model, request, arrival_unix_ns, headers)
+
+    def _engine_request(
+        self,
+        route: Route,
+        model: LoadedModel,
+        request: dict,
+        arrival_unix_ns: int,
+        headers: Headers,
+    ) -> PreprocessedRequest:
+        name = request["model"]
         nvext = mapping(request, "nvext") or {}
-        chat = route is Route.CHAT
+        options.check_nvext(nvext)
+        if any(key in request for key in _REJECTED_FIELDS):
+            raise Reject("invalid_field")
+        nvext = options.with_header_overrides(nvext, identity.routing_overrides(headers))
+        chat = route is not Route.COMPLETIONS
 
         multi_modal_data: dict[str, Any] = {}
         if chat:
             token_ids = chat_tokens(model, request, nvext, multi_modal_data)
         else:
             token_ids = completion_tokens(model, request, multi_modal_data)
-        if model.context_length and len(token_ids) >= model.context_length:
-            raise Reject("prompt_too_long")
 
         stop = options.stop_conditions(request, nvext, chat=chat)
         ignore_eos = bool(stop.get("ignore_eos"))
@@ -114,13 +181,10 @@ class Preprocessor:
                 stop.pop(key, None)
         else:
             stop["stop_token_ids_hidden"] = list(model.eos_token_ids)
-        # As Dynamo: with images the token ids hold unexpanded placeholders, so
-        # the default is left to the engine.
-        has_images = bool(multi_modal_data.get("image_url"))
-        if stop.get("max_tokens") is None and model.context_length and not has_images:
-            stop["max_tokens"] = max(0, model.context_length - len(token_ids))
+        # max_tokens omitted stays unset: Dynamo 1.6.1 leaves it to the engine.
 
         timestamp = number(nvext, "request_timestamp_ms")
+        context = identity.agent_context(headers, request, chat=chat)
         return PreprocessedRequest(
             model=name,
             token_ids=token_ids,
@@ -129,10 +193,11 @@ class Preprocessor:
             output_options=options.output_options(request, chat=chat),
             eos_token_ids=[] if ignore_eos else list(model.eos_token_ids),
             annotations=strings(nvext, "annotations") or [],
-            routing=options.routing(nvext) if "nvext" in request else {},
+            routing=options.routing(nvext, options.cache_salt(request, nvext)),
             extra_args=options.extra_args(request, nvext),
             multi_modal_data=multi_modal_data,
-            agent_context=options.agent_context(request, nvext),
+            agent_context=context,
+            image_cache_scope=context.get("session_id"),
             mdc_sum=model.mdc_sum,
             request_timestamp_ms=arrival_unix_ns // 1_000_000 if timestamp is None else timestamp,
         )

@@ -9,14 +9,12 @@ is. NUL characters are stripped before encoding, as Dynamo does.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from shadow_proxy.worker.request.fields import (
     U32,
     Reject,
     is_int,
-    mapping,
 )
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 
@@ -28,7 +26,6 @@ PROMPT_EMBEDS_KEY = "prompt_embeds"
 
 _MEDIA_PARTS = ("image_url", "video_url", "audio_url")
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 def chat_tokens(
@@ -53,19 +50,11 @@ def chat_tokens(
         return token_data
     if model.chat_template is None:
         raise Reject("template_error")
-    if request.get("tool_choice") == "none":
-        tools = None  # Dynamo's default (--exclude-tools-when-tool-choice-none)
-    context = {
-        **model.template_globals,
-        **_template_kwargs(request),
-        "messages": _template_messages(messages),
-        "tools": tools,
-        "documents": None,
-        "add_generation_prompt": True,
-    }
     try:
-        text = model.chat_template.render(context)
-    except Exception:
+        text = model.chat_template.render(request)
+    except Reject:
+        raise
+    except Exception:  # the template failed (raise_exception included): the frontend's 400
         raise Reject("template_error") from None
     return encode(model, text)
 
@@ -97,70 +86,6 @@ def _gather_media(parts: list, multi_modal_data: dict) -> None:
         kind = part["type"]
         if kind in _MEDIA_PARTS:
             multi_modal_data.setdefault(kind, []).append({"Url": part[kind]["url"]})
-
-
-def _template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as Dynamo hands them to templates: keys with None values dropped,
-    reasoning under its usual aliases, content made only of text parts joined
-    into one string with newlines, tool-call arguments parsed from their JSON
-    string into an object."""
-    result = []
-    for message in messages:
-        message = {key: value for key, value in message.items() if value is not None}
-        content = message.get("content")
-        if isinstance(content, list) and all(part.get("type") == "text" for part in content):
-            message["content"] = "\n".join(part["text"] for part in content)
-        if isinstance(message.get("tool_calls"), list):
-            message["tool_calls"] = [_parsed_arguments(call) for call in message["tool_calls"]]
-        reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
-        if reasoning is not None:
-            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
-        result.append(message)
-    return result
-
-
-def _parsed_arguments(call: Any) -> Any:
-    function = call.get("function") if isinstance(call, dict) else None
-    arguments = function.get("arguments") if isinstance(function, dict) else None
-    if not isinstance(arguments, str) or not arguments:
-        return call
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        raise Reject("invalid_field") from None  # Dynamo answers 400
-    if not isinstance(parsed, dict):
-        raise Reject("invalid_field")
-    return {**call, "function": {**function, "arguments": parsed}}
-
-
-def _template_kwargs(request: dict) -> dict[str, Any]:
-    """``chat_template_kwargs`` (alias ``chat_template_args``) plus Dynamo's folding of
-    ``thinking`` and ``reasoning_effort`` into them."""
-    kwargs = mapping(request, "chat_template_kwargs")
-    if kwargs is None:
-        kwargs = mapping(request, "chat_template_args")
-    kwargs = dict(kwargs or {})
-    thinking = request.get("thinking")
-    if thinking is not None:
-        mode = thinking if isinstance(thinking, bool) else None
-        if isinstance(thinking, dict):
-            mode = {"enabled": True, "disabled": False, "adaptive": "adaptive"}.get(
-                thinking.get("type"), "invalid"
-            )
-        if mode is None or mode == "invalid":
-            raise Reject("invalid_field")
-        if mode == "adaptive":
-            kwargs["thinking_mode"] = "adaptive"
-        else:
-            kwargs["thinking"] = mode
-            kwargs["thinking_mode"] = "enabled" if mode else "disabled"
-    effort = request.get("reasoning_effort")
-    if effort is not None:
-        if not isinstance(effort, str):
-            raise Reject("invalid_field")
-        kwargs.setdefault("enable_thinking", effort != "none")
-        kwargs["reasoning_effort"] = effort
-    return kwargs
 
 
 def completion_tokens(model: LoadedModel, request: dict, multi_modal_data: dict) -> list[int]:

@@ -1,5 +1,9 @@
 """Model loading: the tokenizer, chat template, EOS ids and context length of one model.
 
+The chat template is rendered by the engine the model's frontend uses
+(``template_engine``: ``minijinja`` as Dynamo, ``jinja2`` as vLLM and SGLang);
+see ``templates/``.
+
 Pure module (no aiohttp, no zmq). Runs at start-up of the tap worker. Nothing here
 touches the network unless the caller passes ``allow_hub=True``: a ``tokenizer``
 that is not a local directory is looked up in the local Hugging Face cache only,
@@ -12,14 +16,19 @@ import hashlib
 import json
 import logging
 import os
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import attrs
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
+
+from shadow_proxy.worker.request.templates import (
+    ChatTemplate,
+    TemplateLoadError,
+    load_chat_template,
+)
+from shadow_proxy.worker.request.templates.jinja2_env import template_environment
+
+__all__ = ["LoadedModel", "ModelLoadError", "checksum", "load_model", "template_environment"]
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +58,9 @@ class LoadedModel:
     name: str
     #: ``transformers.PreTrainedTokenizerFast`` (any fast tokenizer class).
     tokenizer: Any
-    #: The compiled chat template, or None when the model has none.
-    chat_template: jinja2.Template | None
-    #: Special tokens (``bos_token``, ``eos_token``, ...) visible to the template.
-    template_globals: dict[str, Any]
+    #: The compiled chat template (``render(request) -> str``), or None when the
+    #: model has none.
+    chat_template: ChatTemplate | None
     eos_token_ids: tuple[int, ...]
     context_length: int | None
     #: Checksum of the tokenizer files (first 16 hex digits of a sha256).
@@ -76,6 +84,7 @@ def load_model(
     context_length: int | None = None,
     *,
     allow_hub: bool = False,
+    template_engine: str = "minijinja",
 ) -> LoadedModel:
     """Load the model ``name`` from ``tokenizer`` (a local directory or a cached hub id).
 
@@ -101,11 +110,14 @@ def load_model(
         raise ModelLoadError(msg) from exc
     config = _read_json(path / "config.json")
     generation = _read_json(path / "generation_config.json")
+    try:
+        chat_template = load_chat_template(path, tok, name, template_engine)
+    except TemplateLoadError as exc:
+        raise ModelLoadError(str(exc)) from exc
     return LoadedModel(
         name=name,
         tokenizer=tok,
-        chat_template=_compile_template(tok, name),
-        template_globals=dict(tok.special_tokens_map),
+        chat_template=chat_template,
         eos_token_ids=_eos_ids(tok.eos_token_id, generation.get("eos_token_id")),
         context_length=_context_length(context_length, config, tok.model_max_length),
         mdc_sum=checksum(path),
@@ -118,12 +130,15 @@ def _resolve_dir(name: str, tokenizer: str, *, allow_hub: bool) -> Path:
     local = Path(tokenizer).expanduser()
     if local.is_dir():
         return local
-    unreachable = (
-        f"tokenizer '{tokenizer}' for model '{name}' is not a local directory and no model "
-        "hub is reachable here; point `tokenizer` at a local Hugging Face directory"
-    )
     if local.is_absolute() or tokenizer.startswith((".", "~")) or tokenizer.count("/") > 1:
-        raise ModelLoadError(unreachable)
+        problem = "is not a directory" if local.exists() else "does not exist"
+        msg = f"tokenizer directory {tokenizer} for model '{name}' {problem}"
+        raise ModelLoadError(msg)
+    unreachable = (
+        f"tokenizer '{tokenizer}' for model '{name}' is neither a local directory nor in "
+        "the local Hugging Face cache (no model hub is reachable here); point `tokenizer` "
+        "at a local Hugging Face directory"
+    )
     from huggingface_hub import snapshot_download
 
     try:  # the local cache only: never the network
@@ -183,65 +198,3 @@ def checksum(path: Path) -> str:
             digest.update(b"\0")
             digest.update(file.read_bytes())
     return digest.hexdigest()[:16]
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}`` renders its body (transformers marks
-    assistant spans with it; the prompt text is the same)."""
-
-    tags = frozenset({"generation"})
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller: Any) -> str:
-        return caller()
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    # Like transformers: no HTML escaping, json.dumps options exposed.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def template_environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    """A sandbox with the settings and helpers of transformers' ``apply_chat_template``."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-def _compile_template(tok: Any, name: str) -> jinja2.Template | None:
-    try:
-        source = tok.get_chat_template()
-    except Exception:  # no template in the tokenizer files
-        log.warning("model %r has no chat template; its chat requests are not mirrored", name)
-        return None
-    try:
-        return template_environment().from_string(source)
-    except jinja2.TemplateError as exc:
-        msg = f"chat template of model '{name}' does not compile: {exc}"
-        raise ModelLoadError(msg) from exc

@@ -83,7 +83,8 @@ class ObservedResponse:
 
         Per choice, the ids are the frontend's where it returned them
         (``token_ids_source: upstream``), else ``encode(text)`` (``retokenized``).
-        ``output_tokens``: with ``usage.completion_tokens`` in the response, the
+        ``output_tokens``: with ``usage.completion_tokens`` (Responses:
+        ``usage.output_tokens``) in the response, the
         usage total is apportioned over the choices in proportion to each
         choice's own count (largest remainder, ties to the lower index), so with
         one choice it is exactly the usage figure and with several the sum
@@ -93,18 +94,22 @@ class ObservedResponse:
         A failing ``encode`` is caught: the counts fall back to content chunks,
         ``retokenize_error`` says why, and no token ids are given.
         """
-        completion = (self.usage or {}).get("completion_tokens")
+        usage = self.usage or {}
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         has_usage = isinstance(completion, int) and not isinstance(completion, bool)
         has_usage = has_usage and completion >= 0
         ids: list[Sequence[int] | None] = []
         own: list[int] = []
         complete: list[bool] = []
+        #: How each choice's own count was found (see ``OUTPUT_SOURCES``).
+        sources: list[str] = []
         failure: str | None = None
         for choice in self.choices:
             if choice.upstream_token_ids is not None:
                 ids.append(choice.upstream_token_ids)
                 own.append(choice.upstream_token_count)
                 complete.append(choice.token_ids_complete)
+                sources.append("upstream")
                 continue
             need_ids = token_ids or not has_usage
             retokenized: Sequence[int] | None = None
@@ -119,8 +124,10 @@ class ObservedResponse:
             elif need_ids and not choice.text:
                 retokenized = []
             count = len(retokenized) if retokenized is not None else choice.content_chunks
-            if choice.text_truncated:
-                count = max(count, choice.content_chunks)
+            source = "retokenized" if retokenized is not None else "chunks"
+            if choice.text_truncated and choice.content_chunks > count:
+                count, source = choice.content_chunks, "chunks"
+            sources.append(source)
             ids.append(retokenized if token_ids else None)
             own.append(count)
             complete.append(not choice.text_truncated)
@@ -135,9 +142,14 @@ class ObservedResponse:
             upstream = any(c.upstream_token_ids is not None for c in self.choices)
             retokenized_any = any(c.upstream_token_ids is None and c.text for c in self.choices)
             source = "upstream" if upstream and not retokenized_any else "retokenized"
+        if has_usage:
+            output_source: str | None = "usage"
+        else:
+            output_source = max(sources, key=OUTPUT_SOURCES.index, default=None)
         return FinalResponse(
             observed=self,
             output_tokens=tuple(counts),
+            output_tokens_source=output_source,
             token_ids=tuple(ids),
             token_ids_complete=tuple(complete),
             token_ids_source=source,
@@ -186,6 +198,15 @@ def _apportion(total: int, weights: Sequence[int]) -> list[int]:
     return parts
 
 
+#: ``output_tokens_source``, exact first: ``usage`` (the frontend's
+#: ``usage.completion_tokens``: exact in sum; split over several choices in
+#: proportion), ``upstream`` (the token ids the frontend returned: exact),
+#: ``retokenized`` (the output text encoded again: an estimate, a tokenizer
+#: may split differently than the engine generated), ``chunks`` (content
+#: chunks counted, when the text was cut or could not be encoded: an estimate).
+OUTPUT_SOURCES = ("usage", "upstream", "retokenized", "chunks")
+
+
 @attrs.frozen(eq=True, hash=False)
 class FinalResponse:
     """An ``ObservedResponse`` with its token counts and ids settled; building a
@@ -200,13 +221,16 @@ class FinalResponse:
     token_ids_source: str | None
     has_token_ids: bool
     retokenize_error: str | None = None
+    output_tokens_source: str | None = None
 
     def to_record(
         self, *, tokens: bool, text: bool, max_tokens: int | None, chunk_timing: bool
     ) -> dict[str, Any]:
         """SPEC's ``response`` map for one tap: string keys, optional fields left
         out when empty (never None). ``token_ids`` are cut to ``max_tokens`` (then
-        ``truncated: True``, also set when the ids are not the whole output);
+        ``truncated: True``, also set when the ids are not the whole output, and
+        whenever a choice has fewer ids than its ``output_tokens``);
+        ``output_tokens_source`` says how exact the counts are (``OUTPUT_SOURCES``);
         ``text_truncated: True`` joins ``text`` when the kept text was capped."""
         if max_tokens is not None and max_tokens < 1:
             msg = f"'max_tokens' must be at least 1 or None (got {max_tokens})"
@@ -231,6 +255,8 @@ class FinalResponse:
                     entry["token_ids"] = list(ids)
                     if not whole:
                         entry["truncated"] = True
+            if tokens and len(entry.get("token_ids", ())) < count:
+                entry["truncated"] = True  # never fewer ids than the count, unsaid
             if text and choice.text:
                 entry["text"] = choice.text
                 if choice.text_truncated:
@@ -258,4 +284,6 @@ class FinalResponse:
             record["upstream_id"] = obs.upstream_id
         if self.token_ids_source is not None:
             record["token_ids_source"] = self.token_ids_source
+        if self.output_tokens_source is not None:
+            record["output_tokens_source"] = self.output_tokens_source
         return record

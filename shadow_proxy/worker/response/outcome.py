@@ -40,7 +40,9 @@ def is_error_reason(reason: str) -> bool:
 
 def error_message(obj: Any, *, detail: bool = False) -> str | None:
     """The error a JSON body or event carries, or None. ``detail`` also accepts
-    FastAPI's ``{"detail": ...}`` (only meaningful on an error status)."""
+    FastAPI's ``{"detail": ...}`` and a bare ``{"message": ...}`` (Dynamo's
+    error bodies, OpenAI's error events); only meaningful on an error status or
+    in an error event."""
     if not isinstance(obj, dict):
         return None
     err = obj.get("error")
@@ -57,6 +59,8 @@ def error_message(obj: Any, *, detail: bool = False) -> str | None:
     if detail and "detail" in obj:
         value = obj["detail"]
         return clip(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+    if detail and isinstance(obj.get("message"), str) and obj["message"]:
+        return clip(obj["message"])  # Dynamo's error bodies, OpenAI's error events
     return None
 
 

@@ -16,7 +16,9 @@ upstream output token ids where the frontend returns them on the choice
 content-carrying chunks. Dynamo's response ``nvext.token_ids`` is *not* used: it
 holds the tokenized prompt (GAIE query-only flow), not output tokens. Per
 response: ``id`` (``upstream_id``), the last ``usage`` seen (usage-only chunks
-included), error events and bodies, ``[DONE]``.
+included), error events and bodies, ``[DONE]``. A ``/v1/responses`` answer
+(typed events, or the ``response`` object) is read by ``responses_events.py``
+into choice 0 instead; everything else here applies to it unchanged.
 
 Memory bound per in-flight recorder (defaults in parentheses; every cap is a
 constructor argument):
@@ -55,6 +57,7 @@ from shadow_proxy.worker.response.choices import Choice, ChoiceTable
 from shadow_proxy.worker.response.decoding import BodyDecoder, DecodeError, for_header
 from shadow_proxy.worker.response.observed import ObservedResponse, without_none
 from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message
+from shadow_proxy.worker.response.responses_events import ResponsesReader
 from shadow_proxy.worker.response.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
 
 KIB = 1024
@@ -133,6 +136,8 @@ class ResponseRecorder:
         self._undecodable = 0
         self._problem: str | None = None
         self._done = False
+        #: ``/v1/responses``: typed events and the response object have their own reader.
+        self._responses = ResponsesReader(self._choices) if route is Route.RESPONSES else None
 
     # -- the three calls ------------------------------------------------------------
 
@@ -184,6 +189,8 @@ class ResponseRecorder:
         elif self._body is not None and self._problem is None:
             self._parse_unary(self._body, self._last_offset)
             self._body = None
+        if self._responses is not None:
+            self._take(self._responses)
         outcome, error = self._outcome(end, detail)
         sse = self._sse
         self._result = ObservedResponse(
@@ -238,6 +245,10 @@ class ResponseRecorder:
         if event.event == "error":
             self._on_error_event(event)
             return
+        if self._responses is not None:
+            if self._responses.event(event.event, event.data):
+                self._content_at(offset_ns)
+            return
         if event.event != "message":
             return  # annotations and other named events carry no output
         data = event.data
@@ -289,7 +300,19 @@ class ResponseRecorder:
         message = error_message(obj, detail=status_error)
         if message is not None:
             self._set_error(message)
-        self._on_object(obj, offset_ns, stream=False)
+        if self._responses is None:
+            self._on_object(obj, offset_ns, stream=False)
+        elif self._responses.body(obj) and offset_ns is not None:
+            self._content_at(offset_ns)
+
+    def _take(self, reader: ResponsesReader) -> None:
+        """What the Responses reader saw, as the chat parsing would have set it."""
+        if reader.error is not None:
+            self._set_error(reader.error)
+        self._upstream_id = self._upstream_id or reader.response_id
+        self._usage = reader.usage or self._usage
+        self._malformed += reader.malformed
+        self._done = self._done or reader.done
 
     # -- one chunk or body -------------------------------------------------------------
 
@@ -340,14 +363,18 @@ class ResponseRecorder:
             if reason is not None:
                 choice.finish_reason = str(reason)[:MAX_ID_CHARS]
         if carried and offset_ns is not None:
-            if self._first is None:
-                self._first = offset_ns
-            self._last = offset_ns
-            if self.chunk_timing:
-                if len(self._offsets) < self._max_offsets:
-                    self._offsets.append(offset_ns)
-                else:
-                    self._dropped_offsets += 1
+            self._content_at(offset_ns)
+
+    def _content_at(self, offset_ns: int) -> None:
+        """A chunk carrying output arrived ``offset_ns`` after the request."""
+        if self._first is None:
+            self._first = offset_ns
+        self._last = offset_ns
+        if self.chunk_timing:
+            if len(self._offsets) < self._max_offsets:
+                self._offsets.append(offset_ns)
+            else:
+                self._dropped_offsets += 1
 
     def _chat_part(self, choice: Choice, part: dict[str, Any]) -> bool:
         content = False

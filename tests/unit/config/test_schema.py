@@ -345,7 +345,9 @@ class TestDefaults:
         assert config.request_id_header == "x-request-id"
         assert config.models == ()
         assert config.taps == ()
-        assert (config.publish.host, config.publish.base_port) == ("0.0.0.0", 5557)
+        # Taps bind loopback unless configured (issue 18): records hold the prompts.
+        assert (config.publish.host, config.publish.base_port) == ("127.0.0.1", 5557)
+        assert (config.listen.body_timeout_s, config.listen.max_connections) == (60.0, 8192)
         assert not config.capture_response
 
     def test_tap_defaults(self):
@@ -360,10 +362,10 @@ class TestDefaults:
         kv, replay, third, fourth = config.taps
         assert kv.topic == "shadow-requests-kv"
         assert replay.topic == "shadow-requests-replay"
-        assert kv.endpoint == "tcp://0.0.0.0:5557"
-        assert replay.endpoint == "tcp://0.0.0.0:5558"
+        assert kv.endpoint == "tcp://127.0.0.1:5557"
+        assert replay.endpoint == "tcp://127.0.0.1:5558"
         assert third.endpoint == "ipc:///tmp/t"
-        assert fourth.endpoint == "tcp://0.0.0.0:5560"  # base_port + index, index 3
+        assert fourth.endpoint == "tcp://127.0.0.1:5560"  # base_port + index, index 3
         for tap in config.taps:
             assert tap.capacity == 1024
             assert tap.sample == 1.0

@@ -27,7 +27,9 @@ class TestDefaults:
 
     def test_listen_publish_upstream(self) -> None:
         assert (Listen().host, Listen().port) == ("0.0.0.0", 8080)
-        assert (Publish().host, Publish().base_port) == ("0.0.0.0", 5557)
+        assert (Listen().body_timeout_s, Listen().max_connections) == (60.0, 8192)
+        # Taps bind loopback unless configured: records hold the prompts.
+        assert (Publish().host, Publish().base_port) == ("127.0.0.1", 5557)
         upstream = Upstream("http://f:8000")
         assert upstream.connect_timeout_s == 5.0
         assert upstream.read_timeout_s is None  # LLM streams may pause for long
@@ -53,6 +55,7 @@ class TestDefaults:
             (), 1.0, "request", None, 1024,
         )  # fmt: skip
         assert ModelEntry("m", "/d").context_length is None
+        assert ModelEntry("m", "/d").template_engine == "minijinja"
 
 
 class TestTapConfig:

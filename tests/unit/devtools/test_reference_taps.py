@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 import yaml
 
-from shadow_proxy.config import Config
+from shadow_proxy.config import Config, TapConfig
 from shadow_proxy.devtools.reference_taps import (
     JOINED_TAP,
     REFERENCE_TAPS,
@@ -38,8 +39,14 @@ class TestSameAsTheDeployment:
 
     @pytest.mark.parametrize("where", ["configmap", "example"])
     def test_taps_equal(self, where: str) -> None:
+        """Everything but where a tap binds and its keys: the deployment binds
+        every interface with CURVE keys, local runs bind loopback ports."""
         other = deployed_config() if where == "configmap" else Config.from_yaml(EXAMPLE)
-        assert built_config().taps == other.taps
+
+        def what(config: Config) -> list[TapConfig]:
+            return [attrs.evolve(t, endpoint="", curve=None) for t in config.taps]
+
+        assert what(built_config()) == what(other)
 
     def test_names(self) -> None:
         assert [t.name for t in built_config().taps] == list(TAP_NAMES)

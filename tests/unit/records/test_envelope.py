@@ -62,7 +62,7 @@ class TestBuildEnvelope:
         assert None not in decoded.values()
 
     @pytest.mark.parametrize(
-        ("field", "value"), [("origin", "responses"), ("sample_rate", 1.5), ("sample_rate", -0.1)]
+        ("field", "value"), [("origin", "embeddings"), ("sample_rate", 1.5), ("sample_rate", -0.1)]
     )
     def test_invalid(self, field, value):
         with pytest.raises(ValueError, match=field):

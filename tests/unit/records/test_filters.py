@@ -47,6 +47,7 @@ def full_request(**overrides) -> PreprocessedRequest:
         },
         "multi_modal_data": {"image_url": ["http://x/cat.png"], "prompt_embeds": "BBBB"},
         "agent_context": {"session_id": "sess-1", "parent_session_id": "sess-0"},
+        "image_cache_scope": "sess-1",
         "mdc_sum": "abc123",
         "request_timestamp_ms": 1_700_000_000_000,
     }

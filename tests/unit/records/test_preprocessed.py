@@ -20,6 +20,7 @@ DYNAMO_FIELDS = (
     "extra_args",
     "multi_modal_data",
     "agent_context",
+    "image_cache_scope",
     "mdc_sum",
     "request_timestamp_ms",
 )

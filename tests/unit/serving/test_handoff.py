@@ -87,7 +87,7 @@ class TestMessages:
     def test_request_message(self, channel) -> None:
         handoff, pull, _ = channel
         assert handoff.open(Route.COMPLETIONS, "rid-9", b'{"x": 1}', 111, 222) is not None
-        first, request_id, body = receive(pull)
+        first, request_id, body, *_ = receive(pull)
         kind, key, meta = hf.split_header(first)
         assert (kind, hf.KEY.unpack(key)) == (hf.KIND_REQUEST, (0,))
         assert hf.REQUEST_META.unpack(meta) == (Route.COMPLETIONS, 111, 222, 0)
@@ -164,7 +164,7 @@ class TestMessages:
         assert handoff.open(Route.CHAT, "lost", b"{}", 1, 1) is None
         handoff.worker_alive = True
         handoff.open(Route.CHAT, "next", b"{}", 1, 1)
-        first, request_id, _ = receive(pull)
+        first, request_id, *_ = receive(pull)
         assert request_id == b"next"
         assert hf.REQUEST_META.unpack(hf.split_header(first)[2])[3] == 1  # lost_before
         assert hf.KEY.unpack(hf.split_header(first)[1]) == (1,)  # keys never reused

@@ -12,7 +12,12 @@ from shadow_proxy.worker.request.tokenizer import load_model
 
 @pytest.fixture(scope="session")
 def loaded(model_dirs: dict[str, Path]) -> dict:
-    return {name: load_model(name, str(path), None) for name, path in model_dirs.items()}
+    # These cases compare with transformers' apply_chat_template: jinja2's view.
+    # Dynamo's MiniJinja view is tested in tests/unit/worker/request/templates/.
+    return {
+        name: load_model(name, str(path), None, template_engine="jinja2")
+        for name, path in model_dirs.items()
+    }
 
 
 @pytest.fixture(scope="session")

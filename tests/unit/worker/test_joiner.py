@@ -23,8 +23,8 @@ ARRIVAL_NS = 1_700_000_000_000_000_000
 
 def config(*taps: dict[str, Any], **options: Any) -> Config:
     endpoints = [dict(tap, endpoint=f"inproc://{tap['name']}") for tap in taps]
-    return proxy_config("http://127.0.0.1:9", models={"deepseek": "/unused"}, taps=endpoints,
-                        **options)  # fmt: skip
+    models = {"deepseek": "/unused", "chatml": "/unused"}  # only deepseek is loaded
+    return proxy_config("http://127.0.0.1:9", models=models, taps=endpoints, **options)
 
 
 REQUEST_TAP = {"name": "kv", "capture": "request"}

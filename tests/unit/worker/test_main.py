@@ -56,7 +56,7 @@ class TestPublishing:
             assert set(kv) == {
                 "name", "topic", "endpoint", "capture", "filters", "models", "sample",
                 "capacity", "publisher_id", "next_seq", "queued", "published", "dropped",
-                "skipped", "publish_errors", "queue_depth", "transport",
+                "skipped", "publish_errors", "queue_depth", "transport", "curve",
             }  # fmt: skip
             assert (kv["name"], kv["endpoint"], kv["next_seq"], kv["queue_depth"]) == (
                 "kv", "inproc://kv", 1, 1,

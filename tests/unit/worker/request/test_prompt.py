@@ -8,7 +8,7 @@ from shadow_proxy.devtools import modeldirs
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.request import prompt
-from shadow_proxy.worker.request.fields import NotMirrored, Reject
+from shadow_proxy.worker.request.fields import Reject
 from tests.support.requests import (
     CHAT_CASES,
     MODELS,
@@ -91,9 +91,7 @@ class TestCompletions:
         result = run(preprocessor, Route.COMPLETIONS, {"model": model_name, "prompt": prompt})
         tokenizer = loaded[model_name].tokenizer
         assert result.token_ids == tokenizer.encode(prompt, add_special_tokens=False)
-        assert result.stop_conditions["max_tokens"] == (
-            loaded[model_name].context_length - len(result.token_ids)
-        )
+        assert "max_tokens" not in result.stop_conditions
 
     @pytest.mark.parametrize(
         ("prompt", "ids"),
@@ -108,14 +106,16 @@ class TestCompletions:
         expected = loaded["deepseek"].tokenizer.encode("abc def", add_special_tokens=False)
         assert result.token_ids == expected
 
-    @pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]]])
-    def test_batches_are_not_mirrored(self, preprocessor, prompt):
-        request = {"model": "chatml", "prompt": prompt}
-        assert run(preprocessor, Route.COMPLETIONS, request) == NotMirrored("batch_prompt")
+    def test_batches_are_one_request_per_prompt(self, preprocessor):
+        # (issue 16; the batch rules are tested in tests/unit/worker/request/test_batch.py)
+        result = run(preprocessor, Route.COMPLETIONS, {"model": "chatml", "prompt": [[1], [2]]})
+        assert [r.token_ids for r in result.requests] == [[1], [2]]
 
-    def test_prompt_filling_the_context_is_not_mirrored(self, preprocessor):
+    def test_prompt_filling_the_context_is_mirrored(self, preprocessor):
+        # The frontend decides (a 400, or served): the record shows which.
         request = {"model": "chatml", "prompt": [1] * modeldirs.CHATML_CONTEXT_LENGTH}
-        assert run(preprocessor, Route.COMPLETIONS, request) == NotMirrored("prompt_too_long")
+        result = run(preprocessor, Route.COMPLETIONS, request)
+        assert len(result.token_ids) == modeldirs.CHATML_CONTEXT_LENGTH
 
 
 class TestDirect:

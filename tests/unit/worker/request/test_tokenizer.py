@@ -53,7 +53,7 @@ class TestModelLoading:
         assert loaded["chatml"].mdc_sum != loaded["deepseek"].mdc_sum
 
     def test_missing_directory_says_so_without_network(self, tmp_path):
-        with pytest.raises(ModelLoadError, match="not a local directory"):
+        with pytest.raises(ModelLoadError, match="absent for model 'm' does not exist"):
             load_model("m", str(tmp_path / "absent"), None)
         with pytest.raises(ModelLoadError, match="point `tokenizer` at a local"):
             load_model("m", "no-such-org/no-such-model", None)

@@ -80,13 +80,13 @@ class TestBodyDecoder:
     @pytest.mark.parametrize(
         ("header", "kind"),
         [("", "identity"), ("identity", "identity"), ("gzip", "gzip"), ("x-gzip", "gzip"),
-         ("Deflate", "deflate"), (" gzip , identity", "gzip")],
+         ("Deflate", "deflate"), (" gzip , identity", "gzip"), ("br", "br"), ("zstd", "zstd")],
     )  # fmt: skip
     def test_for_header(self, header: str, kind: str) -> None:
         decoder = decoding.for_header(header)
         assert decoder is not None and decoder.kind == kind
 
-    @pytest.mark.parametrize("header", ["br", "zstd", "gzip, gzip", "compress"])
+    @pytest.mark.parametrize("header", ["gzip, gzip", "br, gzip", "compress", "exi"])
     def test_unknown_encodings_are_not_decoded(self, header: str) -> None:
         assert decoding.for_header(header) is None
 

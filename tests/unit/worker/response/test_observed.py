@@ -98,10 +98,12 @@ class TestRecord:
         assert len(calls) == 1  # not retried for every choice
         assert final.retokenize_error == "RuntimeError: tokenizer exploded"
         rec = final.to_record(tokens=True, text=False, max_tokens=None, chunk_timing=False)
+        # Counted chunks, no ids: said so (issue 17 item 10).
         assert rec["choices"] == [
-            {"index": 0, "finish_reason": "stop", "output_tokens": 2},
-            {"index": 1, "finish_reason": "stop", "output_tokens": 1},
+            {"index": 0, "finish_reason": "stop", "output_tokens": 2, "truncated": True},
+            {"index": 1, "finish_reason": "stop", "output_tokens": 1, "truncated": True},
         ]
+        assert rec["output_tokens_source"] == "chunks"
         assert "token_ids_source" not in rec
 
     def test_rejects_zero_max_tokens(self) -> None:

@@ -53,6 +53,7 @@ class TestComplete:
             "usage": {"prompt_tokens": 5, "completion_tokens": 4},
             "upstream_id": "chatcmpl-7",
             "token_ids_source": "retokenized",
+            "output_tokens_source": "usage",
         }
         assert not has_none(rec)
         assert obs.choices[0].content_chunks == 3

@@ -1,0 +1,364 @@
+"""Dynamo 1.6.1's MiniJinja chat-template environment, rebuilt with the PyPI binding.
+
+Pure (no aiohttp, no zmq). Compiled once per model at worker start-up; renders
+run in the tap worker. Dynamo's renderer (the ``dynamo-renderer`` crate in
+1.6.1, built with minijinja 2.24) sets up its environment as follows, and so
+does ``dynamo_environment``:
+
+- trim and lstrip blocks on, trailing newline dropped, lenient undefined (an
+  unknown name prints nothing, an attribute of it is a render error), no
+  auto-escaping, ``{% break %}``/``{% continue %}``, minijinja-contrib's
+  Python-method compatibility (``.strip()``, ``.items()``...);
+- the formatter prints ``True``/``False``/``None`` and maps and lists with
+  double-quoted strings (``{"k": True}``): values built by ``to_template_value``
+  print that way (``DynDict``/``DynList``);
+- filters: ``tojson`` as Python's ``json.dumps(..., ensure_ascii=False)`` with
+  ``indent`` honoured and every other option ignored; ``string`` like the
+  formatter; ``length`` 0 for none and undefined; ``fromjson``/``from_json``;
+  ``trim`` with Python's whitespace set;
+- globals ``raise_exception`` (a render error: the frontend answers 400) and
+  ``strftime_now``;
+- the source is rewritten before compiling (``rewrite_source``):
+  ``{% generation %}`` blocks become ``{% with %}`` and ``.items()`` calls in
+  code become the ``items`` filter, outside strings, comments and raw blocks.
+
+Known edge differences of the binding (values, not structure): a float printed
+outside a container that needs an exponent (``1e300``) prints as a long
+decimal; an integral float that crosses into a Python filter as a scalar
+(``{{ x.n | tojson }}`` with ``n = 1.0``) loses its ``.0``; integers between
+2**63 and 2**64 print as floats.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from typing import Any
+
+import minijinja
+
+#: Python's ``str.strip()`` whitespace, which Dynamo's ``trim`` and ``.strip()`` use.
+PY_WHITESPACE = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
+_I64_MIN, _U64_END = -(2**63), 2**64
+
+
+class DynDict(dict):
+    """A JSON object as the template sees it: prints like Dynamo's formatter."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return nested_repr(self)
+
+    def keys(self):  # type: ignore[override]
+        return DynList(super().keys())
+
+    def values(self):  # type: ignore[override]
+        return DynList(super().values())
+
+
+class DynList(list):
+    """A JSON array as the template sees it: prints like Dynamo's formatter."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return nested_repr(self)
+
+
+def to_template_value(value: Any) -> Any:
+    """A JSON value (from ``json.loads``) as Dynamo hands it to a template.
+
+    Iterative (no recursion limit). Integers outside i64..u64 become floats, as
+    serde_json without arbitrary precision reads them.
+    """
+    root = [value]
+    stack: list[tuple[Any, Any, Any]] = [(root, 0, value)]
+    while stack:
+        parent, key, item = stack.pop()
+        if isinstance(item, dict):
+            out: Any = DynDict(item)
+            for k, v in item.items():
+                if isinstance(v, (dict, list)) or _huge_int(v):
+                    stack.append((out, k, v))
+        elif isinstance(item, list):
+            out = DynList(item)
+            for i, v in enumerate(item):
+                if isinstance(v, (dict, list)) or _huge_int(v):
+                    stack.append((out, i, v))
+        else:
+            out = float(item) if _huge_int(item) else item
+        parent[key] = out
+    return root[0]
+
+
+def _huge_int(value: Any) -> bool:
+    return type(value) is int and not _I64_MIN <= value < _U64_END
+
+
+def _rust_float(value: float) -> str:
+    """A float nested in a container, as minijinja's Debug form prints it."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    text = repr(value)
+    mantissa, sep, exponent = text.partition("e")
+    if not sep:
+        return text
+    return f"{mantissa}e{int(exponent)}"
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+
+
+def _rust_str(value: str) -> str:
+    """A string nested in a container, as Rust's ``{:?}`` prints it."""
+    out = ['"']
+    for ch in value:
+        escaped = _ESCAPES.get(ch)
+        if escaped is not None:
+            out.append(escaped)
+        elif ch.isprintable() or ch == " ":
+            out.append(ch)
+        else:
+            out.append(f"\\u{{{ord(ch):x}}}")
+    out.append('"')
+    return "".join(out)
+
+
+def _scalar_repr(value: Any) -> str:
+    if value is None:
+        return "None"
+    if value is True:
+        return "True"
+    if value is False:
+        return "False"
+    if isinstance(value, float):
+        return _rust_float(value)
+    if isinstance(value, str):
+        return _rust_str(value)
+    return str(value)
+
+
+def nested_repr(value: Any) -> str:
+    """How Dynamo's formatter prints a map or a list: ``{"k": [1, True, None]}``.
+    Iterative, so a deeply nested value cannot exhaust the stack."""
+    out: list[str] = []
+    # Work items: a value to print, or a literal piece of text.
+    work: list[tuple[bool, Any]] = [(False, value)]
+    while work:
+        literal, item = work.pop()
+        if literal:
+            out.append(item)
+        elif isinstance(item, dict):
+            pieces: list[tuple[bool, Any]] = [(True, "{")]
+            for i, (k, v) in enumerate(item.items()):
+                if i:
+                    pieces.append((True, ", "))
+                pieces += [(False, k), (True, ": "), (False, v)]
+            pieces.append((True, "}"))
+            work.extend(reversed(pieces))
+        elif isinstance(item, (list, tuple)):
+            pieces = [(True, "[")]
+            for i, v in enumerate(item):
+                if i:
+                    pieces.append((True, ", "))
+                pieces.append((False, v))
+            pieces.append((True, "]"))
+            work.extend(reversed(pieces))
+        else:
+            out.append(_scalar_repr(item))
+    return "".join(out)
+
+
+def python_string(value: Any = None) -> Any:
+    """The ``string`` filter: strings as they are, other values as the formatter prints."""
+    if isinstance(value, str):
+        return value
+    if value is None or isinstance(value, bool):
+        return _scalar_repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else _rust_float(value)
+    if isinstance(value, (dict, list, tuple)):
+        return nested_repr(value)
+    return str(value)
+
+
+def tojson(value: Any = None, indent: int | None = None, **_ignored: Any) -> Any:
+    """Dynamo's ``tojson``: ``json.dumps(value, ensure_ascii=False, indent=indent)``;
+    ``ensure_ascii``, ``separators`` and ``sort_keys`` are accepted and ignored."""
+    return minijinja.safe(json.dumps(value, ensure_ascii=False, indent=indent))
+
+
+def length(value: Any = None) -> int:
+    """``length``: 0 for none and undefined (templates test ``tools | length``)."""
+    if value is None:
+        return 0
+    try:
+        return len(value)
+    except TypeError:
+        return 0
+
+
+def fromjson(value: str) -> Any:
+    return to_template_value(json.loads(value))
+
+
+def trim(value: Any, chars: str | None = None) -> str:
+    return str(value).strip(chars if chars else PY_WHITESPACE)
+
+
+def raise_exception(message: Any = "") -> None:
+    raise minijinja.TemplateError(str(message))
+
+
+def strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+def dynamo_environment(templates: dict[str, str]) -> minijinja.Environment:
+    """An environment set up as Dynamo 1.6.1's, holding ``templates`` (name ->
+    source, rewritten by ``rewrite_source`` here). Raises ``minijinja.TemplateError``
+    when a source does not compile."""
+    env = minijinja.Environment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+        undefined_behavior="lenient",
+        pycompat=True,
+        auto_escape_callback=lambda _name: False,
+        filters={
+            "tojson": tojson,
+            "string": python_string,
+            "length": length,
+            "fromjson": fromjson,
+            "from_json": fromjson,
+            "trim": trim,
+        },
+        globals={"raise_exception": raise_exception, "strftime_now": strftime_now},
+    )
+    for name, source in templates.items():
+        env.add_template(name, rewrite_source(source))
+    return env
+
+
+# --- source rewriting ----------------------------------------------------------
+
+
+def rewrite_source(source: str) -> str:
+    """Dynamo's pre-compile rewrite: ``{% generation %}``/``{% endgeneration %}``
+    become ``{% with %}``/``{% endwith %}``; ``.items()`` inside ``{{ }}`` and
+    ``{% %}`` becomes ``|items``; comments, raw blocks and quoted strings stay."""
+    out: list[str] = []
+    i, n = 0, len(source)
+    while i < n:
+        if source.startswith("{#", i):
+            end = source.find("#}", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(source[i:end])
+            i = end
+        elif source.startswith("{{", i) or source.startswith("{%", i):
+            close = "}}" if source[i + 1] == "{" else "%}"
+            end = _tag_end(source, i + 2, close)
+            if end is None:
+                out.append(source[i:])
+                break
+            inner = source[i + 2 : end - 2]
+            if close == "%}" and _block_name(inner) == "raw":
+                raw_end = _raw_end(source, end)
+                if raw_end is None:
+                    out.append(source[i:])
+                    break
+                out.append(source[i:raw_end])
+                i = raw_end
+                continue
+            if close == "%}" and _block_name(inner) in ("generation", "endgeneration"):
+                name = _block_name(inner)
+                inner = inner.replace(name, "with" if name == "generation" else "endwith", 1)
+            else:
+                inner = _rewrite_items(inner)
+            out.append(source[i : i + 2] + inner + close)
+            i = end
+        else:
+            out.append(source[i])
+            i += 1
+    return "".join(out)
+
+
+def _block_name(inner: str) -> str:
+    code = inner[1:] if inner[:1] in ("-", "+") else inner
+    code = code[:-1] if code[-1:] in ("-", "+") else code
+    return code.strip()
+
+
+def _tag_end(source: str, start: int, close: str) -> int | None:
+    """Index just past ``close``, skipping quoted strings and nested braces."""
+    quote: str | None = None
+    escaped = False
+    braces = 0
+    i = start
+    while i < len(source):
+        ch = source[i]
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif braces == 0 and source.startswith(close, i):
+            return i + len(close)
+        elif ch in ("'", '"'):
+            quote = ch
+        elif ch == "{":
+            braces += 1
+        elif ch == "}":
+            braces = max(0, braces - 1)
+        i += 1
+    return None
+
+
+def _raw_end(source: str, start: int) -> int | None:
+    i = start
+    while (open_at := source.find("{%", i)) >= 0:
+        rest = source[open_at + 2 :]
+        rest = rest[1:] if rest[:1] in ("-", "+") else rest
+        rest = rest.lstrip()
+        if rest.startswith("endraw"):
+            rest = rest[len("endraw") :].lstrip()
+            rest = rest[1:] if rest[:1] in ("-", "+") else rest
+            if rest.startswith("%}"):
+                return len(source) - len(rest) + 2
+        i = open_at + 2
+    return None
+
+
+def _rewrite_items(code: str) -> str:
+    out: list[str] = []
+    quote: str | None = None
+    escaped = False
+    i = 0
+    while i < len(code):
+        ch = code[i]
+        if quote is not None:
+            out.append(ch)
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+            i += 1
+        elif ch in ("'", '"'):
+            quote = ch
+            out.append(ch)
+            i += 1
+        elif code.startswith(".items()", i):
+            out.append("|items")
+            i += len(".items()")
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)

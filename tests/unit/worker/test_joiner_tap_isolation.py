@@ -1,0 +1,105 @@
+"""A failure while projecting or encoding for one tap costs that tap one counted
+drop and nothing else (issue 18 item 3)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.config import Config
+from shadow_proxy.exchange import Route
+from shadow_proxy.records.wire import decode_envelope
+from shadow_proxy.worker.encoding import encode_record
+from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker.request.tokenizer import load_model
+
+
+@pytest.fixture(scope="module")
+def joiner_factory(model_dirs: dict[str, Path]):
+    model = load_model("chatml", str(model_dirs["chatml"]))
+
+    def make() -> Joiner:
+        taps = [
+            {
+                "name": name,
+                "capture": "request",
+                "endpoint": f"tcp://127.0.0.1:{5900 + i}",
+                "filters": filters,
+            }
+            for i, (name, filters) in enumerate(
+                [("first", []), ("private", ["strip-agent-context"]), ("last", [])]
+            )
+        ]
+        config = Config.from_mapping(
+            {
+                "schema_version": 1,
+                "upstream": {"url": "http://127.0.0.1:1"},
+                "models": [{"name": "chatml", "tokenizer": str(model_dirs["chatml"])}],
+                "taps": taps,
+            }
+        )
+        return Joiner(config, {"chatml": model})
+
+    return make
+
+
+def hand_over(joiner: Joiner, body: dict, key: int = 1) -> None:
+    meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), time.monotonic_ns(), 0)
+    frames = [hf.KIND_REQUEST + hf.KEY.pack(key) + meta, b"rid-1", json.dumps(body).encode(), b""]
+    joiner.handle(frames)
+
+
+def nested(depth: int) -> list:
+    value: list = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class TestIsolation:
+    def test_projection_failure_costs_one_tap(self, joiner_factory) -> None:
+        joiner = joiner_factory()
+        body = {
+            "model": "chatml",
+            "messages": [{"role": "user", "content": "x"}],
+            "bad_words_token_ids": nested(100),  # deeper than the projection walks
+        }
+        hand_over(joiner, body)
+        first, private, last = (t.queue for t in joiner.taps)
+        assert (len(first.items), len(private.items), len(last.items)) == (1, 0, 1)
+        assert private.dropped["projection_error"] == 1
+        assert private.next_seq == 1  # the seq is taken: a consumer sees the gap
+        assert first.dropped["projection_error"] == last.dropped["projection_error"] == 0
+
+    def test_lone_surrogate_body_not_mirrored_as_the_frontend_refuses_it(self, joiner_factory):
+        joiner = joiner_factory()
+        raw = (
+            b'{"model": "chatml", "messages": [{"role": "user", "content": "x"}],'
+            b' "stop": ["a\\ud800"]}'
+        )
+        meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), time.monotonic_ns(), 0)
+        joiner.handle([hf.KIND_REQUEST + hf.KEY.pack(2) + meta, b"rid-2", raw, b""])
+        assert all(len(t.queue.items) == 0 for t in joiner.taps)
+        assert joiner.metrics.not_mirrored.labels("invalid_json")._value.get() == 1
+
+
+class TestEncoding:
+    def test_lone_surrogates_replaced_and_said(self) -> None:
+        payload = encode_record({"request": {"stop": ["a\ud800b"]}, "seq": 0})
+        envelope = decode_envelope(payload)
+        assert envelope["request"]["stop"] == ["a\ufffdb"]
+        assert envelope["sanitized"] == ["lone_surrogates"]
+
+    def test_big_integers_as_strings_and_said(self) -> None:
+        payload = encode_record({"request": {"extra_args": {"ids": [1, 2**64]}}})
+        envelope = msgpack.unpackb(payload)
+        assert envelope["request"]["extra_args"]["ids"] == [1, str(2**64)]
+        assert envelope["sanitized"] == ["big_integers"]
+
+    def test_clean_records_untouched(self) -> None:
+        assert "sanitized" not in decode_envelope(encode_record({"a": "ü", "b": 2**63}))
