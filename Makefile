@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-$(MODELS): $(STAMP) shadow_proxy/devtools/modeldirs.py
+$(MODELS) &: $(STAMP) shadow_proxy/devtools/modeldirs.py
 	$(PY) -m shadow_proxy.devtools.modeldirs .models
 
 models: $(MODELS)

@@ -43,94 +43,101 @@ from bench.proxy_bench import (
     MODEL_DIR,
     MODEL_NAME,
     RESULTS,
-    TAPS,
+    START_TIMEOUT_S,
     Frontend,
     RssSampler,
-    Service,
     _with,
     aggregate,
     children,
     cpu_seconds,
-    free_port,
-    free_port_pair,
     get_text,
     histogram_quantile,
     machine,
     rss_mb,
-    wait_http,
+    service,
 )
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
+from shadow_proxy.devtools.processes import (
+    Child,
+    cli_argv,
+    reserve_endpoint,
+    reserve_port,
+    wait_http_ok,
+)
+from shadow_proxy.devtools.reference_taps import (
+    TAP_NAMES,
+    proxy_config,
+    reference_taps,
+    write_config,
+)
 
 CASES = ("taps-zmq", "taps-nats")
 _RUN = itertools.count(1)
 
 
-def proxy_config(frontend_url: str, port: int, publish_port: int, case: str, nats: str) -> str:
+def case_config(frontend_url: str, port: int, case: str, nats: str) -> dict[str, Any]:
     """The capacity regime's proxy with the reference taps on ``case``'s transport."""
-    lines = [
-        "schema_version: 1",
-        f"listen: {{host: 127.0.0.1, port: {port}}}",
-        f"upstream: {{url: '{frontend_url}'}}",
-        f"models: [{{name: {MODEL_NAME}, tokenizer: '{MODEL_DIR}'}}]",
-        f"publish: {{host: 127.0.0.1, base_port: {publish_port}}}",
-    ]
-    transport = "zmq"
+    taps = reference_taps([reserve_endpoint() for _ in TAP_NAMES])
+    options: dict[str, Any] = {}
     if case == "taps-nats":
-        transport = "nats"
-        lines.append(f"nats: {{servers: ['{nats}'], stream: BENCH_{next(_RUN)}, "
-                     "max_bytes: 4294967296}")  # fmt: skip
-    lines.append("taps:")
-    for name, capture, filters, capacity in TAPS:
-        lines.append(f"  - {{name: {name}, capture: {capture}, filters: {filters}, "
-                     f"capacity: {capacity}, transport: {transport}}}")  # fmt: skip
-    return "\n".join(lines) + "\n"
+        options["nats"] = {"servers": [nats], "stream": f"BENCH_{next(_RUN)}",
+                           "max_bytes": 4294967296}  # fmt: skip
+        for tap in taps:
+            tap["transport"] = "nats"
+            del tap["endpoint"]
+    return proxy_config(frontend_url, port=port, models={MODEL_NAME: MODEL_DIR}, taps=taps,
+                        **options)  # fmt: skip
 
 
 class Setup:
     """The proxy and one consumer per tap, started fresh for one run of a case."""
 
-    def __init__(self, case: str, frontend: Frontend, scratch: Path, nats: NatsCluster):
+    def __init__(self, case: str, frontend: Frontend, nats: NatsCluster):
         self.case = case
         self.pids: dict[str, int] = dict(frontend.pids)
         self.pids["nats-server"] = nats.servers[0].process.pid
-        port, publish = free_port(), free_port_pair()
-        conf = scratch / f"proxy-{case}.yaml"
-        conf.write_text(proxy_config(frontend.url, port, publish, case, nats.urls[0]))
-        self.stream = re.search(r"stream: (\w+)", conf.read_text())
-        self.proxy = Service("shadow-proxy", [sys.executable, "-m", "shadow_proxy.cli", "serve",
-                             "--config", str(conf)], scratch / f"proxy-{case}.log")  # fmt: skip
+        self.url = ""
+        self.proxy: Child | None = None
+        self.consumers: list[tuple[str, Child, Path]] = []
+
+    @classmethod
+    async def start(cls, case: str, frontend: Frontend, scratch: Path, nats: NatsCluster) -> Setup:
+        """Start the proxy and the consumers; returns once the proxy answers."""
+        self = cls(case, frontend, nats)
+        port = reserve_port()
+        config = case_config(frontend.url, port, case, nats.urls[0])
+        conf = write_config(scratch / f"proxy-{case}.yaml", config)
+        self.proxy = service(f"proxy-{case}", cli_argv("serve", "--config", str(conf),
+                             log_level=None), scratch)  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
-        wait_http(self.url + "/healthz", self.proxy)
+        await wait_http_ok(self.url + "/healthz", START_TIMEOUT_S, children=[self.proxy])
         self.pids["proxy"] = self.proxy.pid
-        match = re.search(r"tap worker ready \(pid (\d+)\)", self.proxy.log.read_text())
+        match = re.search(r"tap worker ready \(pid (\d+)\)", self.proxy.read_output())
         self.pids["worker"] = int(match.group(1)) if match else children(self.proxy.pid)[-1]
-        self.consumers: list[tuple[str, Service, Path]] = []
-        for i, (name, *_rest) in enumerate(TAPS):
+        for i, tap in enumerate(config["taps"]):
+            name = tap["name"]
             summary = scratch / f"consumer-{case}-{i}.json"
             summary.unlink(missing_ok=True)
             if case == "taps-nats":
-                source = ["--nats", nats.urls[0], "--stream", self.stream.group(1),
+                source = ["--nats", nats.urls[0], "--stream", config["nats"]["stream"],
                           "--tap", name, "--durable", f"bench-{name}"]  # fmt: skip
             else:
-                source = ["--endpoint", f"tcp://127.0.0.1:{publish + i}",
-                          "--topic", f"shadow-requests-{name}"]  # fmt: skip
-            consumer = Service(
-                f"consumer-{i}",
-                [sys.executable, "-m", "shadow_proxy.cli", "consumer", *source,
-                 "--summary-path", str(summary), "--interval", "60"],
-                scratch / f"consumer-{case}-{i}.log",
-            )  # fmt: skip
+                source = ["--endpoint", tap["endpoint"], "--topic", tap["topic"]]
+            argv = cli_argv("consumer", *source, "--summary-path", str(summary),
+                            "--interval", "60", log_level=None)  # fmt: skip
+            consumer = service(f"consumer-{case}-{i}", argv, scratch)
             self.pids[f"consumer-{i}"] = consumer.pid
             self.consumers.append((name, consumer, summary))
-        time.sleep(1.0)  # the ZeroMQ subscriptions reach the PUB sockets
+        await asyncio.sleep(1.0)  # the ZeroMQ subscriptions reach the PUB sockets
+        return self
 
     def finish(self) -> dict[str, Any]:
         """Let the backlog arrive, stop the consumers; each tap's totals."""
         time.sleep(2.5)
         out = {}
         for name, consumer, path in self.consumers:
-            consumer.stop()
+            consumer.terminate()
             try:
                 s = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -143,9 +150,9 @@ class Setup:
 
     def stop(self) -> None:
         for _, consumer, _ in self.consumers:
-            if consumer.popen.poll() is None:
-                consumer.stop()
-        self.proxy.stop()
+            consumer.terminate()
+        if self.proxy is not None:
+            self.proxy.terminate()
 
 
 def ack_buckets(url: str) -> dict[float, float]:
@@ -159,7 +166,7 @@ def ack_buckets(url: str) -> dict[float, float]:
 
 async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsCluster,
                    spec: LoadSpec, warmup: LoadSpec) -> dict[str, Any]:  # fmt: skip
-    setup = Setup(case, frontend, scratch, nats)
+    setup = await Setup.start(case, frontend, scratch, nats)
     try:
         await run_load(_with(warmup, url=setup.url))
         rss_before = {role: rss_mb(pid) for role, pid in setup.pids.items()}
@@ -189,7 +196,7 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsClust
 
 async def run_jetstream_regime(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     """Both cases in alternating rounds; one aggregate per case."""
-    frontend = Frontend("builtin", scratch, pace=None, speedup=1.0, cpus=None)
+    frontend = await Frontend.start("builtin", scratch, pace=None, speedup=1.0, cpus=None)
     nats = NatsCluster.create(scratch / "nats", 1)
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CASES}
     try:

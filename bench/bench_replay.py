@@ -28,33 +28,26 @@ against the same frontend; it does not run AIPerf.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import asyncio
 import json
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from shadow_proxy.devtools.frontend import MockConfig, ServedModel
+from shadow_proxy.devtools.processes import Child, cli_argv, reserve_port, wait_http_ok
 from shadow_proxy.records.files import RecordFile
 from shadow_proxy.records.wire import Message, encode_envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".models" / "deepseek"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pinned(argv: list[str], cpus: str | None) -> list[str]:
@@ -91,21 +84,6 @@ def write_records(path: Path, args: argparse.Namespace) -> None:
         }  # fmt: skip
         out.write(Message("bench", 1, k, 0, encode_envelope(envelope)))
     out.close()
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            msg = f"frontend exited with {proc.returncode}"
-            raise RuntimeError(msg)
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        time.sleep(0.1)
-    msg = f"frontend not ready at {url} within {timeout}s"
-    raise RuntimeError(msg)
 
 
 def one_round(records: Path, url: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -165,27 +143,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-replay-"))
-    port = free_port()
+    port = reserve_port()
     url = f"http://127.0.0.1:{port}"
-    frontend_argv = [
-        sys.executable, "-m", "shadow_proxy.cli", "mock-frontend", "--port", str(port),
-        "--model", f"deepseek={MODEL}", "--ttft-ms", str(args.ttft_ms),
-        "--itl-ms", str(args.itl_ms), "--default-max-tokens", str(args.max_tokens),
-    ]  # fmt: skip
-    log = (scratch / "frontend.log").open("wb")
-    frontend = subprocess.Popen(
-        _pinned(frontend_argv, args.frontend_cpus), stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        wait_ready(url, frontend)
+    frontend_argv = cli_argv(
+        "mock-frontend", "--port", str(port), "--model", f"deepseek={MODEL}",
+        "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
+        "--default-max-tokens", str(args.max_tokens), log_level=None,
+    )  # fmt: skip
+    cpus = args.frontend_cpus if args.frontend_cpus and shutil.which("taskset") else None
+    with Child("frontend", frontend_argv, scratch, cpus=cpus, merge_output=True) as frontend:
+        asyncio.run(wait_http_ok(url + "/health", 60, children=[frontend]))
         records = scratch / "records.rec"
         write_records(records, args)
         rounds = [one_round(records, url, scratch / f"out-{k}", args) for k in range(args.rounds)]
-    finally:
-        frontend.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            frontend.wait(10)
-        log.close()
+        frontend.terminate(10)
     keys = ("requests_per_s", "output_tokens_per_s", "cpu_ms_per_request", "core_share")
     result = {
         "settings": {k: v for k, v in vars(args).items() if k != "json" and v is not None},

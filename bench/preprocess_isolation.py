@@ -20,43 +20,37 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import aiohttp
 
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
+from shadow_proxy.devtools.processes import (
+    Child,
+    cli_argv,
+    reserve_endpoint,
+    reserve_port,
+    wait_http_ok,
+)
+from shadow_proxy.devtools.reference_taps import TAP_NAMES, proxy_config, reference_taps
+from shadow_proxy.devtools.reference_taps import write_config as reference_write_config
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".models" / "deepseek"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_config(path: Path, port: int, upstream: str, taps: bool) -> None:
-    config = {
-        "schema_version": 1,
-        "listen": {"host": "127.0.0.1", "port": port},
-        "upstream": {"url": upstream},
-        "models": [{"name": "deepseek", "tokenizer": str(MODEL)}],
-    }
-    if taps:
-        config["taps"] = [
-            {"name": "kv-history-tracker", "capture": "request", "filters": ["tokens-only"],
-             "capacity": 4096, "endpoint": f"tcp://127.0.0.1:{free_port()}"},
-            {"name": "shadow-replay", "capture": "request_response",
-             "filters": ["strip-multimodal"], "capacity": 1024,
-             "endpoint": f"tcp://127.0.0.1:{free_port()}"},
-        ]  # fmt: skip
-    path.write_text(json.dumps(config))
+    """The proxy's configuration: the reference taps (``worker``) or none (``inline``)."""
+    endpoints = [reserve_endpoint() for _ in TAP_NAMES]
+    mapping = proxy_config(
+        upstream,
+        port=port,
+        models={"deepseek": MODEL},
+        taps=reference_taps(endpoints) if taps else (),
+    )
+    reference_write_config(path, mapping)
 
 
 INLINE_SERVER = """
@@ -84,20 +78,6 @@ app.middlewares.append(inline)
 web.run_app(app, host="127.0.0.1", port=config.listen.port, handler_cancellation=True,
             access_log=None, print=None, loop=uvloop.new_event_loop())
 """
-
-
-async def wait_healthy(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            try:
-                async with s.get(url) as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def lag_quantiles(metrics_text: str) -> tuple[float, float, int]:
@@ -142,43 +122,33 @@ async def measure(url: str, spec: LoadSpec) -> dict:
 
 async def main_async(args: argparse.Namespace) -> int:
     env = {**os.environ, "SHADOW_PROXY_LOOP_LAG": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    procs: list[subprocess.Popen] = []
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        fe_port = free_port()
+        logs = Path(tmp)
+        fe_port = reserve_port()
         frontend = f"http://127.0.0.1:{fe_port}"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "shadow_proxy.cli", "mock-frontend", "--port", str(fe_port),
-             "--model", f"deepseek={MODEL}"], stderr=subprocess.DEVNULL))  # fmt: skip
-        try:
-            await wait_healthy(frontend + "/health")
+        argv = cli_argv("mock-frontend", "--port", str(fe_port), "--model", f"deepseek={MODEL}")
+        with Child("frontend", argv, logs, merge_output=True) as frontend_child:
+            await wait_http_ok(frontend + "/health", 60, children=[frontend_child])
             for case in ("worker", "inline"):
-                port = free_port()
-                config = Path(tmp) / f"{case}.json"
+                port = reserve_port()
+                config = logs / f"{case}.yaml"
                 write_config(config, port, frontend, taps=case == "worker")
                 if case == "worker":
-                    cmd = [sys.executable, "-m", "shadow_proxy.cli", "serve", "--config",
-                           str(config)]  # fmt: skip
+                    cmd = cli_argv("serve", "--config", str(config))
                 else:
                     cmd = [sys.executable, "-c", INLINE_SERVER, str(config)]
-                proxy = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
-                procs.append(proxy)
-                url = f"http://127.0.0.1:{port}"
-                await wait_healthy(url + "/healthz")
-                warm = LoadSpec(url=url, model="deepseek", requests=8, concurrency=4,
-                                prompt_tokens=args.isl, output_tokens=args.osl)  # fmt: skip
-                await run_load(warm)
-                spec = LoadSpec(url=url, model="deepseek", requests=args.requests,
-                                concurrency=args.concurrency, prompt_tokens=args.isl,
-                                output_tokens=args.osl, seed=1)  # fmt: skip
-                results[case] = await measure(url, spec)
-                proxy.terminate()
-                proxy.wait(30)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+                with Child(case, cmd, logs, env=env, merge_output=True) as proxy:
+                    url = f"http://127.0.0.1:{port}"
+                    await wait_http_ok(url + "/healthz", 60, children=[proxy])
+                    warm = LoadSpec(url=url, model="deepseek", requests=8, concurrency=4,
+                                    prompt_tokens=args.isl, output_tokens=args.osl)  # fmt: skip
+                    await run_load(warm)
+                    spec = LoadSpec(url=url, model="deepseek", requests=args.requests,
+                                    concurrency=args.concurrency, prompt_tokens=args.isl,
+                                    output_tokens=args.osl, seed=1)  # fmt: skip
+                    results[case] = await measure(url, spec)
+                    await proxy.stop(30)
     print(f"Serving-loop lag, prompts of {args.isl} tokens, {args.requests} streaming requests, "
           f"concurrency {args.concurrency}, built-in frontend:\n")  # fmt: skip
     print(

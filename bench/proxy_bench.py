@@ -37,6 +37,8 @@ Regimes:
   growing conversations against a full re-encode and the frontend's own, record
   lag and client latency when the worker cannot follow.
 
+The tap worker's CPU and RSS are its main's and its shards' together.
+
 ``--profile`` adds one unmeasured run of the ``taps`` case with py-spy
 attached to the serving process and to the tap worker, and reports their top
 functions. Results go to ``bench/results/<timestamp>-<regime>.{json,md}`` and
@@ -57,18 +59,30 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from shadow_proxy.devtools.dynamo import Dynamo, start_dynamo
 from shadow_proxy.devtools.loadgen import LoadSpec, percentile, run_load
+from shadow_proxy.devtools.processes import (
+    Child,
+    cli_argv,
+    reserve_endpoint,
+    reserve_port,
+    wait_http_ok,
+)
+from shadow_proxy.devtools.reference_taps import (
+    TAP_NAMES,
+    proxy_config,
+    reference_taps,
+    write_config,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -78,8 +92,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 
 CASES = ("direct", "nginx", "proxy", "taps", "taps-stalled")
-#: The same with a CPU-bound neighbour process on the proxy's core.
-NEIGHBOUR_CASES = ("proxy+neighbour", "taps+neighbour", "taps-stalled+neighbour")
 CASE_TITLES = {
     "direct": "1 direct",
     "nginx": "2 nginx",
@@ -90,13 +102,12 @@ CASE_TITLES = {
     "taps+neighbour": "7 two taps reading, CPU-bound neighbour",
     "taps-stalled+neighbour": "8 two taps stopped, CPU-bound neighbour",
 }
+#: The same cases with a CPU-bound neighbour process on the proxy's core.
+NEIGHBOUR_CASES = ("proxy+neighbour", "taps+neighbour", "taps-stalled+neighbour")
 #: A CPU-bound neighbour: a busy loop at normal priority.
 NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
-TAPS = (
-    # name, capture, filters, capacity
-    ("kv-history-tracker", "request", ["tokens-only"], 4096),
-    ("shadow-replay", "request_response", ["strip-multimodal"], 1024),
-)
+#: How long a frontend or the proxy (loading its tokenizers) may take to answer.
+START_TIMEOUT_S = 120.0
 #: Isolation: the proxy and its worker on this core, everything else on the other.
 PROXY_CPU, OTHER_CPU = "1", "0"
 
@@ -115,8 +126,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def cpu_tree_seconds(pid: int) -> float:
-    """utime + stime of a process and of its children that are running (the tap
-    worker's main and its shards)."""
+    """utime + stime of a process and of its running children (the tap worker's
+    main and its shards)."""
     return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children(pid))
 
 
@@ -152,79 +163,10 @@ def children(pid: int) -> list[int]:
 # --------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_pair() -> int:
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    msg = "no two consecutive free ports"
-    raise RuntimeError(msg)
-
-
-class Service:
-    """A subprocess in its own session, with its output in a log file."""
-
-    def __init__(self, name: str, argv: list[str], log: Path, *, cpus: str | None = None,
-                 env: dict[str, str] | None = None):  # fmt: skip
-        self.name = name
-        self.log = log
-        if cpus is not None:
-            argv = ["taskset", "-c", cpus, *argv]  # taskset execs: same pid
-        self._file = open(log, "wb")  # noqa: SIM115
-        self.popen = subprocess.Popen(
-            argv, stdout=self._file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=REPO, env=env,
-        )  # fmt: skip
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.popen.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.pid, signal.SIGKILL)
-                self.popen.wait(5)
-        self._file.close()
-
-    def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
-
-
-def wait_http(url: str, service: Service | None, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if service is not None and service.popen.poll() is not None:
-            msg = f"{service.name} exited ({service.popen.returncode}):\n{service.tail()}"
-            raise RuntimeError(msg)
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    msg = f"{url} not ready in {timeout:.0f}s" + (f":\n{service.tail()}" if service else "")
-    raise RuntimeError(msg)
+def service(name: str, argv: list[str], log_dir: Path, *, cpus: str | None = None,
+            env: dict[str, str] | None = None) -> Child:  # fmt: skip
+    """A started child in its own session, stdout and stderr in ``log_dir/NAME.log``."""
+    return Child(name, argv, log_dir, env=env, cwd=REPO, cpus=cpus, merge_output=True).start()
 
 
 def get_text(url: str) -> str:
@@ -235,40 +177,46 @@ def get_text(url: str) -> str:
 class Frontend:
     """The frontend under test: ``pids`` maps role (frontend, engine) to pid."""
 
-    def __init__(self, kind: str, scratch: Path, *, pace: tuple[float, float] | None,
-                 speedup: float, cpus: str | None):  # fmt: skip
+    def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._services: list[Service] = []
-        self._dynamo = None
+        self._services: list[Child] = []
+        self._dynamo: Dynamo | None = None
+        self.url = ""
+        self.pids: dict[str, int] = {}
+        self.label = ""
+
+    @classmethod
+    async def start(cls, kind: str, scratch: Path, *, pace: tuple[float, float] | None,
+                    speedup: float, cpus: str | None) -> Frontend:  # fmt: skip
+        """Start the built-in frontend or Dynamo; returns once it answers."""
+        self = cls(kind)
         if kind == "builtin":
-            port = free_port()
-            argv = [sys.executable, "-m", "shadow_proxy.cli", "mock-frontend", "--port", str(port),
-                    "--model", f"{MODEL_NAME}={MODEL_DIR}"]  # fmt: skip
+            port = reserve_port()
+            argv = cli_argv("mock-frontend", "--port", str(port), "--model",
+                            f"{MODEL_NAME}={MODEL_DIR}", log_level=None)  # fmt: skip
             if pace:
                 argv += ["--ttft-ms", str(pace[0]), "--itl-ms", str(pace[1])]
-            service = Service("mock-frontend", argv, scratch / "frontend.log", cpus=cpus)
-            self._services.append(service)
+            child = service("frontend", argv, scratch, cpus=cpus)
+            self._services.append(child)
             self.url = f"http://127.0.0.1:{port}"
-            wait_http(self.url + "/health", service)
-            self.pids = {"frontend": service.pid}
+            await wait_http_ok(self.url + "/health", START_TIMEOUT_S, children=[child])
+            self.pids = {"frontend": child.pid}
             self.label = "built-in mock frontend" + (
                 f" (ttft {pace[0]:g} ms, itl {pace[1]:g} ms)" if pace else " (no pacing)"
             )
         else:
-            sys.path.insert(0, str(REPO))
-            from tests.dynamo_harness import start_dynamo
-
-            self._dynamo = start_dynamo(MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup)
+            self._dynamo = await start_dynamo(MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup)
             self.url = self._dynamo.base_url
             self.pids = {"frontend": self._dynamo.frontend.pid, "engine": self._dynamo.mocker.pid}
             if cpus is not None:
                 for pid in self.pids.values():
                     pin(pid, cpus)
             self.label = f"Dynamo 1.6.1 frontend + mocker (--speedup-ratio {speedup:g})"
+        return self
 
     def stop(self) -> None:
-        for s in self._services:
-            s.stop()
+        for child in self._services:
+            child.terminate()
         if self._dynamo is not None:
             self._dynamo.stop()
 
@@ -307,66 +255,49 @@ http {{
 """
 
 
-def start_nginx(frontend_url: str, scratch: Path, cpus: str | None) -> tuple[Service, str, int]:
+async def start_nginx(frontend_url: str, scratch: Path, cpus: str | None) -> tuple[Child, str, int]:
     """nginx in the foreground with a temp prefix; returns its worker's pid."""
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     prefix = scratch / "nginx"
     prefix.mkdir(exist_ok=True)
-    port = free_port()
+    port = reserve_port()
     conf = prefix / "nginx.conf"
     conf.write_text(NGINX_CONF.format(
         user="user root;\n" if os.geteuid() == 0 else "", prefix=prefix, port=port,
         upstream=frontend_url.removeprefix("http://"),
     ))  # fmt: skip
-    service = Service("nginx", [nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-                      prefix / "stderr.log", cpus=cpus)  # fmt: skip
+    child = service("nginx", [nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
+                    prefix, cpus=cpus)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/v1/models", service, timeout=30)
-    workers = children(service.pid)
-    return service, url, workers[0] if workers else service.pid
+    await wait_http_ok(url + "/v1/models", 30, children=[child])
+    workers = children(child.pid)
+    return child, url, workers[0] if workers else child.pid
 
 
-def proxy_config(frontend_url: str, port: int, publish_port: int, taps: bool,
-                 worker: dict[str, Any] | None = None) -> str:  # fmt: skip
-    lines = [
-        "schema_version: 1",
-        f"listen: {{host: 127.0.0.1, port: {port}}}",
-        f"upstream: {{url: '{frontend_url}'}}",
-    ]
-    if worker:
-        lines.append("worker: " + json.dumps(worker))
-    if taps:
-        lines += [
-            f"models: [{{name: {MODEL_NAME}, tokenizer: '{MODEL_DIR}'}}]",
-            f"publish: {{host: 127.0.0.1, base_port: {publish_port}}}",
-            "taps:",
-        ]
-        for name, capture, filters, capacity in TAPS:
-            lines.append(f"  - {{name: {name}, capture: {capture}, filters: {filters}, "
-                         f"capacity: {capacity}}}")  # fmt: skip
-    return "\n".join(lines) + "\n"
-
-
-def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None,
-                worker: dict[str, Any] | None = None):  # fmt: skip
-    """The proxy (with ``SHADOW_PROXY_LOOP_LAG=1``); returns (service, url, worker pid, topics)."""
-    port, publish = free_port(), free_port_pair()
-    conf = scratch / f"proxy-{'taps' if taps else 'plain'}.yaml"
-    conf.write_text(proxy_config(frontend_url, port, publish, taps, worker))
+async def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None,
+                      worker: dict[str, Any] | None = None):  # fmt: skip
+    """The proxy (with ``SHADOW_PROXY_LOOP_LAG=1``) and, with ``taps``, the two
+    reference taps (``worker``: options of the tap worker); returns (child, url,
+    worker pid, [(tap, endpoint, topic)])."""
+    port = reserve_port()
+    tap_list = reference_taps([reserve_endpoint() for _ in TAP_NAMES]) if taps else []
+    options = {"worker": worker} if worker and taps else {}
+    mapping = proxy_config(
+        frontend_url, port=port, models={MODEL_NAME: MODEL_DIR} if taps else None, taps=tap_list,
+        **options,
+    )  # fmt: skip
+    conf = write_config(scratch / f"proxy-{'taps' if taps else 'plain'}.yaml", mapping)
     env = {**os.environ, "SHADOW_PROXY_LOOP_LAG": "1"}
-    service = Service("shadow-proxy", [sys.executable, "-m", "shadow_proxy.cli", "serve",
-                      "--config", str(conf)], scratch / "proxy.log", cpus=cpus, env=env)  # fmt: skip  # noqa: E501
+    argv = cli_argv("serve", "--config", str(conf), log_level=None)
+    child = service("proxy", argv, scratch, cpus=cpus, env=env)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/healthz", service)
+    await wait_http_ok(url + "/healthz", START_TIMEOUT_S, children=[child])
     worker = None
     if taps:
-        match = re.search(r"tap worker ready \(pid (\d+)\)", service.log.read_text())
-        worker = int(match.group(1)) if match else children(service.pid)[-1]
-    endpoints = [
-        (f"tcp://127.0.0.1:{publish + i}", f"shadow-requests-{name}")
-        for i, (name, *_rest) in enumerate(TAPS)
-    ]
-    return service, url, worker, endpoints
+        match = re.search(r"tap worker ready \(pid (\d+)\)", child.read_output())
+        worker = int(match.group(1)) if match else children(child.pid)[-1]
+    endpoints = [(tap["name"], tap["endpoint"], tap["topic"]) for tap in tap_list]
+    return child, url, worker, endpoints
 
 
 # --------------------------------------------------------------------------- one case
@@ -375,50 +306,52 @@ def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None,
 class Setup:
     """What one case runs besides the frontend, started fresh for each run."""
 
-    def __init__(self, case: str, frontend: Frontend, scratch: Path, isolate: bool,
-                 worker: dict[str, Any] | None = None):  # fmt: skip
+    def __init__(self, case: str, frontend: Frontend):
         self.case = case
-        self.services: list[Service] = []
-        self.consumers: list[tuple[str, Service, Path]] = []
+        self.url = frontend.url
+        self.services: list[Child] = []
+        self.consumers: list[tuple[str, Child, Path]] = []
         self.pids: dict[str, int] = dict(frontend.pids)
         self.lag_url: str | None = None
+
+    @classmethod
+    async def start(cls, case: str, frontend: Frontend, scratch: Path, isolate: bool,
+                    worker: dict[str, Any] | None = None) -> Setup:  # fmt: skip
+        """Start what ``case`` needs; returns once it answers."""
+        self = cls(case, frontend)
         proxy_cpus = PROXY_CPU if isolate else None
         other_cpus = OTHER_CPU if isolate else None
         if case.endswith("+neighbour"):
             case = self.case = case.removesuffix("+neighbour")
-            self.services.append(Service("neighbour", NEIGHBOUR, scratch / "neighbour.log",
-                                         cpus=PROXY_CPU))  # fmt: skip
-        if case == "direct":
-            self.url = frontend.url
-        elif case == "nginx":
-            service, self.url, worker = start_nginx(frontend.url, scratch, proxy_cpus)
-            self.services.append(service)
+            self.services.append(service("neighbour", NEIGHBOUR, scratch, cpus=PROXY_CPU))
+        if case == "nginx":
+            child, self.url, worker = await start_nginx(frontend.url, scratch, proxy_cpus)
+            self.services.append(child)
             self.pids["proxy"] = worker
-        else:
+        elif case != "direct":
             taps = case.startswith("taps")
-            service, self.url, worker, endpoints = start_proxy(
-                frontend.url, scratch, taps, proxy_cpus, worker if taps else None
+            child, self.url, worker_pid, endpoints = await start_proxy(
+                frontend.url, scratch, taps, proxy_cpus, worker
             )
-            self.services.append(service)
-            self.pids["proxy"] = service.pid
+            self.services.append(child)
+            self.pids["proxy"] = child.pid
             self.lag_url = self.url + "/metrics"
-            if worker is not None:
-                self.pids["worker"] = worker
-            for i, (endpoint, topic) in enumerate(endpoints if taps else []):
+            if worker_pid is not None:
+                self.pids["worker"] = worker_pid
+            for i, (name, endpoint, topic) in enumerate(endpoints):
                 summary = scratch / f"consumer-{i}.json"
                 summary.unlink(missing_ok=True)
-                consumer = Service(
-                    f"consumer-{i}",
-                    [sys.executable, "-m", "shadow_proxy.cli", "consumer", "--endpoint", endpoint,
-                     "--topic", topic, "--summary-path", str(summary), "--interval", "60"],
-                    scratch / f"consumer-{i}.log", cpus=other_cpus,
-                )  # fmt: skip
-                self.consumers.append((TAPS[i][0], consumer, summary))
+                argv = cli_argv("consumer", "--endpoint", endpoint, "--topic", topic,
+                                "--summary-path", str(summary), "--interval", "60",
+                                log_level=None)  # fmt: skip
+                consumer = service(f"consumer-{i}", argv, scratch, cpus=other_cpus)
+                self.consumers.append((name, consumer, summary))
             if self.consumers:
-                time.sleep(1.0)  # the subscriptions reach the PUB sockets
+                await asyncio.sleep(1.0)  # the subscriptions reach the PUB sockets
                 if case == "taps-stalled":
                     for _, consumer, _ in self.consumers:
                         consumer.signal(signal.SIGSTOP)
+        return self
 
     def finish_consumers(self) -> dict[str, Any]:
         """Resume, let what is buffered arrive, stop; each tap's consumer summary."""
@@ -429,7 +362,7 @@ class Setup:
             consumer.signal(signal.SIGCONT)
         time.sleep(2.5)  # a heartbeat, and the backlog of a resumed consumer
         for name, consumer, path in self.consumers:
-            consumer.stop()
+            consumer.terminate()
             try:
                 s = json.loads(path.read_text())
             except (OSError, ValueError):
@@ -443,10 +376,9 @@ class Setup:
 
     def stop(self) -> None:
         for _, consumer, _ in self.consumers:
-            if consumer.popen.poll() is None:
-                consumer.stop()
-        for service in self.services:
-            service.stop()
+            consumer.terminate()
+        for child in self.services:
+            child.terminate()
 
 
 def lag_buckets(url: str | None) -> dict[float, float]:
@@ -512,7 +444,7 @@ class RssSampler:
 async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: LoadSpec,
                    warmup: LoadSpec, isolate: bool, worker: dict[str, Any] | None = None,
                    settle_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
-    setup = Setup(case, frontend, scratch, isolate, worker)
+    setup = await Setup.start(case, frontend, scratch, isolate, worker)
     try:
         url_spec = {"url": setup.url}
         await run_load(_with(warmup, **url_spec))
@@ -646,8 +578,8 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
     speedup = args.speedup if isolate else 1000.0
     if isolate:
         os.sched_setaffinity(0, {int(OTHER_CPU)})
-    frontend = Frontend(frontend_kind, scratch, pace=pace, speedup=speedup,
-                        cpus=OTHER_CPU if isolate else None)  # fmt: skip
+    frontend = await Frontend.start(frontend_kind, scratch, pace=pace, speedup=speedup,
+                                    cpus=OTHER_CPU if isolate else None)  # fmt: skip
     tables = []
     try:
         for concurrency, requests in loads:
@@ -657,7 +589,7 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
             for rnd in range(args.rounds):
                 order = cases[rnd % len(cases) :] + cases[: rnd % len(cases)]
                 for i, case in enumerate(order):
-                    seed = 1000 * (rnd + 1) + 10 * CASE_TITLES_ORDER.index(case) + concurrency
+                    seed = 1000 * (rnd + 1) + 10 * list(CASE_TITLES).index(case) + concurrency
                     spec = _with(base, seed=seed)
                     warmup = _with(base, seed=seed + 500_000, requests=args.warmup,
                                    concurrency=min(concurrency, args.warmup))  # fmt: skip
@@ -701,9 +633,6 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
     }
 
 
-CASE_TITLES_ORDER = list(CASE_TITLES)
-
-
 def _fmt_cpu(cpu: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.1f}s" for k, v in cpu.items())
 
@@ -716,7 +645,7 @@ async def profile_case(frontend: Frontend, scratch: Path, spec: LoadSpec, isolat
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
         return {"error": "py-spy not installed (pip install py-spy)"}
-    setup = Setup("taps", frontend, scratch, isolate)
+    setup = await Setup.start("taps", frontend, scratch, isolate)
     spies = {}
     try:
         await run_load(_with(spec, url=setup.url, requests=100))
@@ -827,12 +756,6 @@ def _ratio(value: Any, base: Any) -> str:
     if not value or not base:
         return "-"
     return f"{value / base:.2f}"
-
-
-def worker_markdown(result: dict[str, Any], command: str) -> str:
-    from bench import worker_bench
-
-    return worker_bench.markdown(result, command)
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
@@ -990,11 +913,6 @@ def build_parser() -> argparse.ArgumentParser:
 WORKER_REGIMES = ("scaling", "multiturn", "overload")
 
 
-def _fresh(args: argparse.Namespace) -> argparse.Namespace:
-    """A copy (regimes fill in their own defaults)."""
-    return argparse.Namespace(**vars(args))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not MODEL_DIR.joinpath("tokenizer.json").exists():
@@ -1018,16 +936,22 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # built-in only unless asked for Dynamo alone
                 scratch = Path(tmp) / kind
                 scratch.mkdir()
+                # A copy of the options: a regime fills in its own defaults.
+                options = argparse.Namespace(**vars(args))
                 if regime in WORKER_REGIMES:
                     from bench import worker_bench
 
-                    parts.append(asyncio.run(worker_bench.run(regime, kind, args, scratch)))
-                    continue
-                parts.append(asyncio.run(run_regime(regime, kind, _fresh(args), scratch)))
+                    parts.append(asyncio.run(worker_bench.run(regime, kind, options, scratch)))
+                else:
+                    parts.append(asyncio.run(run_regime(regime, kind, options, scratch)))
         result = {"regime": regime, "started": started, "command": command, "machine": info,
                   "parts": parts}  # fmt: skip
-        text = worker_markdown(result, command) if regime in WORKER_REGIMES else markdown(
-            result, command)  # fmt: skip
+        if regime in WORKER_REGIMES:
+            from bench import worker_bench
+
+            text = worker_bench.markdown(result, command)
+        else:
+            text = markdown(result, command)
         stem = args.output / f"{started}-{regime}"
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
         stem.with_suffix(".md").write_text(text)

@@ -4,11 +4,9 @@ Run from the repository root: .venv/bin/python bench/recorder_memory.py
 """
 
 import json
-import sys
 import time
 import tracemalloc
 
-sys.path.insert(0, ".")
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 

@@ -79,7 +79,7 @@ def worker_pids(main: int) -> list[int]:
 async def scaling(kind: str, args, scratch: Path) -> dict[str, Any]:
     requests = args.requests or 2000
     isl = args.isl or 2048
-    frontend = pb.Frontend(kind, scratch, pace=None, speedup=1000.0, cpus=None)
+    frontend = await pb.Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None)
     runs: dict[str, list[dict[str, float]]] = {"1 core": [], "2 cores": []}
     try:
         for rnd in range(args.rounds):
@@ -87,7 +87,7 @@ async def scaling(kind: str, args, scratch: Path) -> dict[str, Any]:
             for case in order:
                 one = case == "1 core"
                 worker = {"processes": 1 if one else 2, "max_lag_s": None}
-                service, url, main, _ = pb.start_proxy(
+                service, url, main, _ = await pb.start_proxy(
                     frontend.url, scratch, True, pb.PROXY_CPU if one else None, worker
                 )
                 try:
@@ -99,7 +99,7 @@ async def scaling(kind: str, args, scratch: Path) -> dict[str, Any]:
                     rate = runs[case][-1]["records_per_s"]
                     print(f"[scaling] round {rnd + 1} {case}: {rate:.1f} records/s", flush=True)
                 finally:
-                    service.stop()
+                    service.terminate()
     finally:
         frontend.stop()
     summary = {case: _median_run(r) for case, r in runs.items()}
@@ -187,7 +187,7 @@ async def _converse(url: str, talks: list[list[list[dict]]], concurrency: int) -
 
 async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
     n = args.conversations
-    frontend = pb.Frontend(kind, scratch, pace=None, speedup=1000.0, cpus=None)
+    frontend = await pb.Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None)
     cases = {"incremental": {}, "full re-encode": {"tokenizer_cache_bytes": 0}}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
     try:
@@ -200,7 +200,9 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                 worker = {"max_lag_s": None, **cases[case]}
                 if args.processes:
                     worker["processes"] = args.processes
-                service, url, main, _ = pb.start_proxy(frontend.url, scratch, True, None, worker)
+                service, url, main, _ = await pb.start_proxy(
+                    frontend.url, scratch, True, None, worker
+                )
                 try:
                     pids = {
                         "worker": worker_pids(main),
@@ -212,7 +214,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                     after = _cpu(pids)
                     text = metrics(url)
                 finally:
-                    service.stop()
+                    service.terminate()
                 run = {f"{role}_cpu_ms_per_request": 1000 * (after[role] - before[role]) / sent
                        for role in before}  # fmt: skip
                 run["requests"] = sent
@@ -262,7 +264,9 @@ async def overload(kind: str, args, scratch: Path) -> dict[str, Any]:
     max_lag = args.max_lag_s
     os.sched_setaffinity(0, {int(pb.OTHER_CPU)})
     pace = (args.ttft_ms, args.itl_ms)
-    frontend = pb.Frontend(kind, scratch, pace=pace, speedup=args.speedup, cpus=pb.OTHER_CPU)
+    frontend = await pb.Frontend.start(
+        kind, scratch, pace=pace, speedup=args.speedup, cpus=pb.OTHER_CPU
+    )
     worker = {"processes": 1, "max_lag_s": max_lag}
     base = LoadSpec(url="", model=pb.MODEL_NAME, requests=requests, concurrency=concurrency,
                     prompt_tokens=args.isl or 8192, output_tokens=args.osl or 16)  # fmt: skip
@@ -282,7 +286,7 @@ async def overload(kind: str, args, scratch: Path) -> dict[str, Any]:
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
     cases = {c: pb.aggregate(r) for c, r in runs.items()}
     lag: dict[str, Any] = {}
-    for tap, *_ in pb.TAPS:
+    for tap in pb.TAP_NAMES:
         merged: dict[float, float] = {}
         late = 0.0
         for run in runs["taps"]:

@@ -1,119 +1,22 @@
-"""Shared fixtures: real servers on loopback, production server settings, polling."""
+"""Fixtures for every test: the local model directories and test subscribers.
+
+Plain helpers live in ``tests/support`` (servers, the subscriber, Dynamo);
+fixtures that only some tests need live in the ``conftest.py`` beside them.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
-import socket
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from prometheus_client import CollectorRegistry
 
-from shadow_proxy.config import Config
-from shadow_proxy.serving.app import make_app
+from tests.support import MODELS_DIR
+from tests.support.subscriber import TapSubscriber
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = ROOT / ".models"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.asynccontextmanager
-async def serve(app: web.Application, *, handler_cancellation: bool = True) -> AsyncIterator[str]:
-    """Run ``app`` as production runs it (``handler_cancellation`` on, no access
-    log) on a free loopback port; yields the base URL."""
-    runner = web.AppRunner(
-        app, handler_cancellation=handler_cancellation, access_log=None, shutdown_timeout=1.0
-    )
-    try:
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
-#: The tap worker's priority in tests. The default (SCHED_IDLE: CPU no other task
-#: wants) starves it on a machine shared with other jobs, which makes timings
-#: meaningless; the idle class is tested on its own (tests/unit/worker/test_priority.py,
-#: tests/integration/test_worker_pool.py).
-TEST_WORKER = {"priority": "nice", "nice": 5}
-
-
-def proxy_config(upstream_url: str, **overrides: Any) -> Config:
-    """A valid config forwarding to ``upstream_url``; ``overrides`` are top-level keys."""
-    mapping: dict[str, Any] = {
-        "schema_version": 1,
-        "listen": {"host": "127.0.0.1", "port": 0},
-        "upstream": {"url": upstream_url},
-        "worker": dict(TEST_WORKER),
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(mapping.get(key), dict):
-            mapping[key] = {**mapping[key], **value}
-        else:
-            mapping[key] = value
-    return Config.from_mapping(mapping)
-
-
-@contextlib.asynccontextmanager
-async def run_proxy(
-    config: Config, registry: CollectorRegistry | None = None
-) -> AsyncIterator[tuple[str, CollectorRegistry, web.Application]]:
-    registry = registry or CollectorRegistry()
-    app = make_app(config, registry=registry)
-    async with serve(app) as url:
-        yield url, registry, app
-
-
-async def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01):
-    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)
-
-
-#: Set to 1 to skip the tests that need the real Dynamo (developers without it).
-SKIP_DYNAMO_ENV = "SHADOW_PROXY_SKIP_DYNAMO"
-
-
-def require_dynamo() -> Path:
-    """The Dynamo venv's Python, for tests marked ``dynamo``.
-
-    Dynamo missing is a failure, not a skip: ``make test`` installs it (``make
-    dynamo``), so a missing install in CI is a broken pipeline, not a reason to
-    pass silently. Outside CI, ``SHADOW_PROXY_SKIP_DYNAMO=1`` skips these tests;
-    under ``CI=true`` that variable is ignored.
-    """
-    from tests.dynamo_harness import DynamoUnavailable, dynamo_python
-
-    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-    if os.environ.get(SKIP_DYNAMO_ENV) == "1" and not in_ci:
-        pytest.skip(f"{SKIP_DYNAMO_ENV}=1")
-    try:
-        return dynamo_python()
-    except DynamoUnavailable as e:
-        hint = "" if in_ci else f" (or set {SKIP_DYNAMO_ENV}=1 to skip the Dynamo tests)"
-        pytest.fail(f"{e}{hint}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -122,3 +25,19 @@ def model_dirs() -> dict[str, Path]:
     from shadow_proxy.devtools.modeldirs import build_all
 
     return build_all(MODELS_DIR)
+
+
+@pytest.fixture
+def subscribe() -> Iterator[Callable[..., TapSubscriber]]:
+    """Opens test subscribers (``TapSubscriber(endpoint, topic)``); all are
+    closed when the test ends."""
+    opened: list[TapSubscriber] = []
+
+    def open_subscriber(endpoint: str, topic: str, **options: Any) -> TapSubscriber:
+        subscriber = TapSubscriber(endpoint, topic, **options)
+        opened.append(subscriber)
+        return subscriber
+
+    yield open_subscriber
+    for subscriber in opened:
+        subscriber.close()

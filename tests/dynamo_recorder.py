@@ -4,13 +4,12 @@ one token. What the frontend hands its engine, as ground truth for tests.
 
 Run as a script in the Dynamo venv (``python tests/dynamo_recorder.py MODEL_DIR
 NAME OUT.jsonl``); ``start_recorder`` starts it with a frontend, as
-``dynamo_harness.start_dynamo`` starts the mocker. No pytest import here.
+``devtools.dynamo.start_dynamo`` starts the mocker. No pytest import here.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 
@@ -46,40 +45,19 @@ def _serve() -> None:  # in the Dynamo venv
     uvloop.run(main())
 
 
-def start_recorder(model_dir: Path, served_name: str, scratch: Path, out: Path):
-    """The frontend and the recording worker, ready; a ``DynamoProcs`` to stop."""
-    import subprocess
+async def start_recorder(model_dir: Path, served_name: str, scratch: Path, out: Path):
+    """The frontend and the recording worker, ready (``devtools.dynamo``); a
+    ``Dynamo`` to stop."""
+    from shadow_proxy.devtools.dynamo import start_frontend
 
-    from tests import dynamo_harness as h
-
-    py = h.dynamo_python()
-    scratch.mkdir(parents=True, exist_ok=True)
-    env = h.dynamo_env(scratch)
-    port = h.free_port()
-    common = {"env": env, "cwd": str(scratch), "stdin": subprocess.DEVNULL,
-              "start_new_session": True, "stderr": subprocess.STDOUT}  # fmt: skip
-    worker_log, frontend_log = scratch / "recorder.log", scratch / "frontend.log"
-    wlog, flog = open(worker_log, "wb"), open(frontend_log, "wb")  # noqa: SIM115
-    worker = subprocess.Popen(
-        [str(py), __file__, str(Path(model_dir).resolve()), served_name, str(out)],
-        stdout=wlog,
-        **common,
-    )
-    frontend = subprocess.Popen(
-        [str(py), "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port)],
-        stdout=flog,
-        **common,
-    )
-    procs = h.DynamoProcs(
-        worker, frontend, f"http://127.0.0.1:{port}", port, served_name, scratch,
-        worker_log, frontend_log, _logs=[wlog, flog],
-    )  # fmt: skip
+    dynamo = await start_frontend(served_name, scratch)
+    argv = [str(dynamo.python), __file__, str(Path(model_dir).resolve()), served_name, str(out)]
     try:
-        h._wait_ready(procs, time.monotonic() + 90)
+        await dynamo.add_engine("recorder", argv, served_name, ready_timeout=90)
     except BaseException:
-        procs.stop(timeout=5)
+        await dynamo.aclose(timeout=5)
         raise
-    return procs
+    return dynamo
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ cancelled it on purpose.
 Cancelling is deterministic: request ``i`` is cancelled when
 ``(i * 7919) % 1000 < cancel_fraction * 1000`` (spread over the run). A
 streaming request is cancelled right after its first content event (the
-client closes the connection); a unary one after ``cancel_after_s``.
+client closes the connection); a unary one when it has not completed (headers
+and body) within ``cancel_after_s``.
 
 ``api`` picks the route: ``chat``, ``completions`` or ``responses`` (the
 Responses API: the prompt as ``input``, ``max_output_tokens``; its usage,
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from typing import Any
@@ -55,6 +57,8 @@ _WORDS = (
 
 @attrs.frozen
 class LoadSpec:
+    """What to send: where, how many, how fast, how long, and which to cancel."""
+
     url: str
     model: str
     requests: int = 200
@@ -74,11 +78,14 @@ class LoadSpec:
     tokens_per_word: float = 1.0
 
     def cancels(self, index: int) -> bool:
+        """Whether the client cancels request ``index`` (deterministic, spread over the run)."""
         return (index * 7919) % 1000 < self.cancel_fraction * 1000
 
 
 @attrs.define
 class Result:
+    """What one request got: status, timings, usage, and whether the client cancelled it."""
+
     index: int
     request_id: str = ""
     status: int = 0
@@ -90,16 +97,20 @@ class Result:
 
     @property
     def ok(self) -> bool:
+        """It ended with status 200, no error and no cancel."""
         return self.status == 200 and self.error is None and not self.cancelled
 
 
 @attrs.define
 class Report:
+    """Every request's result, in request order, and how long the load took."""
+
     spec: LoadSpec
     results: list[Result]
     duration_s: float
 
     def summary(self) -> dict[str, Any]:
+        """Counts, tokens, rate and latency percentiles (over the ok requests)."""
         ok = [r for r in self.results if r.ok]
         ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
         e2e = sorted(r.e2e_s for r in ok)
@@ -121,10 +132,11 @@ class Report:
 
 
 def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile of sorted ``values``."""
+    """Nearest-rank percentile of sorted ``values``: the smallest value with at
+    least ``p`` percent of the values at or below it."""
     if not values:
         return None
-    rank = max(1, min(len(values), round(p / 100 * len(values) + 0.5)))
+    rank = max(1, min(len(values), math.ceil(p * len(values) / 100 - 1e-9)))
     return values[rank - 1]
 
 
@@ -150,6 +162,7 @@ def tokens_per_word_of(tokenizer_json: str, sample_words: int = 2000) -> float:
 
 
 def make_body(spec: LoadSpec, index: int) -> bytes:
+    """Request ``index``'s body: a distinct prompt, the same for the same seed."""
     rng = random.Random(spec.seed * 1_000_003 + index)
     prompt = f"Request {index}. " + make_prompt(rng, spec.prompt_tokens, spec.tokens_per_word)
     if spec.api == "responses":
@@ -216,51 +229,70 @@ def _usage_from_sse(data: bytes) -> dict | None:
 
 async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body: bytes) -> Result:
     path = PATHS[spec.api]
-    marks = CONTENT_MARKS[spec.api]
     result = Result(index)
     cancel = spec.cancels(index)
     started = time.perf_counter()
     headers = {"Content-Type": "application/json", **spec.headers}
     try:
-        async with session.post(spec.url + path, data=body, headers=headers) as response:
-            result.status = response.status
-            result.request_id = response.headers.get("x-request-id", "")
-            chunks = []
-            if spec.stream:
-                async for chunk in response.content.iter_any():
-                    if result.ttft_s is None:
-                        result.ttft_s = time.perf_counter() - started
-                    chunks.append(chunk)
-                    if cancel and any(mark in chunk for mark in marks):
-                        result.cancelled = True
-                        response.close()
-                        break
-            elif cancel:
-                try:
-                    async with asyncio.timeout(spec.cancel_after_s):
-                        chunks.append(await response.read())
-                except TimeoutError:
-                    result.cancelled = True
-                    response.close()
-            else:
-                chunks.append(await response.read())
-                result.ttft_s = time.perf_counter() - started
-            data = b"".join(chunks)
-            if not result.cancelled and response.status == 200:
-                if spec.stream:
-                    result.usage = _usage_from_sse(data)
-                    if not data.rstrip().endswith(b"data: [DONE]"):
-                        result.error = "stream ended without [DONE]"
-                else:
-                    result.usage = usage_of(json.loads(data))
+        if cancel and not spec.stream:
+            # A unary answer's headers may come only with the whole body: the
+            # client gives up on the request as a whole, headers included.
+            try:
+                async with asyncio.timeout(spec.cancel_after_s):
+                    await _exchange(session, spec, path, body, headers, result, started, False)
+            except TimeoutError:
+                result.cancelled = True
+        else:
+            await _exchange(session, spec, path, body, headers, result, started, cancel)
     except (aiohttp.ClientError, ValueError, TimeoutError) as e:
         result.error = type(e).__name__
     result.e2e_s = time.perf_counter() - started
     return result
 
 
+async def _exchange(
+    session: aiohttp.ClientSession,
+    spec: LoadSpec,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    result: Result,
+    started: float,
+    cancel: bool,
+) -> None:
+    """One request and its answer into ``result``; with ``cancel`` (streams), the
+    client hangs up after the first content event."""
+    async with session.post(spec.url + path, data=body, headers=headers) as response:
+        result.status = response.status
+        result.request_id = response.headers.get("x-request-id", "")
+        chunks = []
+        if spec.stream:
+            async for chunk in response.content.iter_any():
+                if result.ttft_s is None:
+                    result.ttft_s = time.perf_counter() - started
+                chunks.append(chunk)
+                if cancel and any(mark in chunk for mark in CONTENT_MARKS[spec.api]):
+                    result.cancelled = True
+                    response.close()
+                    break
+        else:
+            chunks.append(await response.read())
+            result.ttft_s = time.perf_counter() - started
+        data = b"".join(chunks)
+        if not result.cancelled and response.status == 200:
+            if spec.stream:
+                result.usage = _usage_from_sse(data)
+                if not data.rstrip().endswith(b"data: [DONE]"):
+                    result.error = "stream ended without [DONE]"
+            else:
+                result.usage = usage_of(json.loads(data))
+
+
 async def run_load(spec: LoadSpec) -> Report:
-    """Send the load described by ``spec``; returns every request's result."""
+    """Send the load described by ``spec`` (runs once per load; the bodies are
+    built before the clock starts). Guarantees: every request gets exactly one
+    ``Result``, in request order (a failure is recorded, never raised); at most
+    ``concurrency`` requests are in flight, on one session."""
     bodies = [make_body(spec, i) for i in range(spec.requests)]
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(spec.requests):

@@ -13,6 +13,10 @@ at set-up time (``make models``):
 
 Each directory holds tokenizer.json, tokenizer_config.json (with the chat
 template), config.json (context length) and generation_config.json (EOS ids).
+
+``build_all`` runs at set-up (``make models``) and at the start of a test
+session; it builds a directory only when it is missing or was built by another
+``VERSION``, and a build gives the same bytes every time.
 """
 
 from __future__ import annotations
@@ -245,6 +249,7 @@ def build_all(root: Path) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m shadow_proxy.devtools.modeldirs [ROOT]`` (what ``make models`` runs)."""
     args = sys.argv[1:] if argv is None else argv
     root = Path(args[0] if args else ".models")
     for name, path in build_all(root).items():

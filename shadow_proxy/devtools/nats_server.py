@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sysconfig
 import time
@@ -31,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+
+from shadow_proxy.devtools.processes import reserve_port
 
 BINARY = "nats-server"
 #: How long a server may take to be healthy (a cluster elects its meta leader).
@@ -65,20 +66,14 @@ def nats_server_binary() -> Path:
     raise NatsServerUnavailable(msg)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @attrs.define
 class NatsServer:
     """One nats-server with JetStream on loopback; its files live in ``directory``."""
 
     name: str
     directory: Path
-    port: int = attrs.field(factory=free_port)
-    monitor_port: int = attrs.field(factory=free_port)
+    port: int = attrs.field(factory=reserve_port)
+    monitor_port: int = attrs.field(factory=reserve_port)
     cluster_port: int | None = None
     cluster_name: str | None = None
     #: The other servers' cluster ports (routes), for a cluster member.
@@ -212,7 +207,7 @@ class NatsCluster:
     def create(cls, directory: Path, size: int = 1, name: str = "shadow") -> NatsCluster:
         if size == 1:
             return cls([NatsServer(f"{name}-1", directory / f"{name}-1")])
-        cluster_ports = [free_port() for _ in range(size)]
+        cluster_ports = [reserve_port() for _ in range(size)]
         servers = [
             NatsServer(
                 f"{name}-{i + 1}",

@@ -24,7 +24,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from tests.conftest import free_port
+from shadow_proxy.devtools.processes import reserve_port
 
 OK_BODY = b'{"object":"list","data":[]}'
 OK_RESPONSE = (
@@ -270,7 +270,7 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
 
 
 def new_port() -> int:
-    return free_port()
+    return reserve_port()
 
 
 def env_without(*names: str) -> dict[str, str]:

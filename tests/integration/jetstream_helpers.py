@@ -17,8 +17,9 @@ from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.wire import decode_envelope, encode_envelope
 from shadow_proxy.worker.publishers.jetstream import JetStreamLink
 from shadow_proxy.worker.tap_queue import TapQueue
-from tests.conftest import ROOT, proxy_config
 from tests.integration.nats_harness import stream_records
+from tests.support import ROOT
+from tests.support.servers import proxy_config
 
 #: The two taps of the reference deployment (deploy/kubernetes/base/configmap.yaml).
 REFERENCE_TAPS = (

@@ -15,10 +15,11 @@ from typing import Any
 import aiohttp
 
 from shadow_proxy.consumer.main import run_consumer
+from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.records import files, sources
 from shadow_proxy.records.wire import decode_envelope
 from shadow_proxy.replay.cli import envelopes_of
-from tests.conftest import free_port, proxy_config, run_proxy, wait_for
+from tests.support.servers import proxy_config, run_proxy
 
 
 class Consumer:
@@ -64,7 +65,7 @@ async def capture(
     """Send ``(request_id, chat body)`` pairs through a proxy in front of
     ``upstream`` one at a time; returns the directory of the record set once
     the consumer has every joined record."""
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoint = f"tcp://127.0.0.1:{reserve_port()}"
     taps = [
         {"name": "joined", "topic": "joined", "capture": "request_response", "emit": "joined",
          "endpoint": endpoint, "capacity": 4096},
@@ -73,7 +74,7 @@ async def capture(
     consumer = Consumer(endpoint, "joined", out, max_bytes)
     try:
         async with run_proxy(config) as (url, _registry, _app):
-            await wait_for(lambda: consumer.read().get("heartbeats", 0) >= 1, timeout=15)
+            await wait_until(lambda: consumer.read().get("heartbeats", 0) >= 1, timeout=15)
             timeout = aiohttp.ClientTimeout(total=120)
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 for request_id, body in requests:
@@ -85,7 +86,7 @@ async def capture(
                         assert resp.status == 200, await resp.text()
                         await resp.read()
                     await asyncio.sleep(gap_s)
-            await wait_for(lambda: consumer.read().get("records") == len(requests), timeout=30)
+            await wait_until(lambda: consumer.read().get("records") == len(requests), timeout=30)
     finally:
         consumer.close()
     return consumer.records

@@ -3,16 +3,14 @@ by ``(tap, request_id, prompt_index)`` and what a client saw of a Responses answ
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
-import time
 from typing import Any
 
 import attrs
-import pytest
 import zmq
 
+from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records import wire
 
 
@@ -70,14 +68,13 @@ class Collector:
         self, tap: str, keys: list[tuple[str, int | None]], timeout: float = 30
     ) -> dict[tuple[str, int | None], dict]:
         """The tap's records for ``(request_id, prompt_index)`` keys; fails naming the missing."""
-        deadline = time.monotonic() + timeout
-        while True:
-            missing = [k for k in keys if self.get(tap, *k) is None]
-            if not missing:
-                return {k: self.get(tap, *k) for k in keys}
-            if time.monotonic() > deadline:
-                pytest.fail(f"{tap}: no record within {timeout}s for {len(missing)}: {missing[:5]}")
-            await asyncio.sleep(0.02)
+        await wait_until(
+            lambda: all(self.get(tap, *k) is not None for k in keys),
+            timeout,
+            0.02,
+            what=f"{tap}: a record for each of {len(keys)} keys (first: {keys[:3]})",
+        )
+        return {k: self.get(tap, *k) for k in keys}
 
     def close(self) -> None:
         self.stopping.set()

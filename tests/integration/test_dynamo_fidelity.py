@@ -15,20 +15,19 @@ The corpus grows with every difference found (one request per line: ``name``,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 import pytest_asyncio
-import zmq
-import zmq.asyncio
 
-from shadow_proxy.records.wire import HEARTBEAT_SUFFIX, decode_envelope, decode_frames
-from tests.conftest import free_port, proxy_config, require_dynamo, run_proxy, wait_for
-from tests.dynamo_harness import REPO, DynamoProcs, start_dynamo
+from shadow_proxy.devtools.dynamo import REPO, Dynamo, start_dynamo
+from shadow_proxy.devtools.processes import reserve_endpoint, wait_until
+from tests.support.dynamo import require_dynamo
+from tests.support.servers import proxy_config, run_proxy
+from tests.support.subscriber import TapSubscriber
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(600)]
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -42,52 +41,32 @@ TAP = "fidelity"
 TIMEOUT = aiohttp.ClientTimeout(total=120)
 
 
-@pytest.fixture(scope="module")
-def dynamo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DynamoProcs]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dynamo(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dynamo]:
     require_dynamo()
     from shadow_proxy.devtools.modeldirs import build_all
 
     build_all(MODELS)
-    procs = start_dynamo(
-        MODELS / "deepseek", "deepseek", tmp_path_factory.mktemp("dynamo"), speedup=1000
-    )
+    scratch = tmp_path_factory.mktemp("dynamo")
+    dynamo = await start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=1000)
     try:
-        procs.add_mocker(MODELS / "chatml", "chatml", speedup=1000)
-        yield procs
+        await dynamo.add_mocker(MODELS / "chatml", "chatml", speedup=1000)
+        yield dynamo
     finally:
-        procs.stop()
+        await dynamo.aclose()
 
 
-class Records:
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str) -> None:
-        self.socket = context.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.setsockopt(zmq.SUBSCRIBE, TAP.encode())
-        self.socket.connect(endpoint)
-        self.by_id: dict[str, dict] = {}
-        self.heartbeats = 0
-        self.task = asyncio.create_task(self._run())
+class Records(TapSubscriber):
+    """The tap's records by request id (the last one of each)."""
 
-    async def _run(self) -> None:
-        while True:
-            message = decode_frames(await self.socket.recv_multipart())
-            if message.topic.endswith(HEARTBEAT_SUFFIX):
-                self.heartbeats += 1
-            else:
-                envelope = decode_envelope(message.payload)
-                self.by_id[envelope["request_id"]] = envelope
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        self.socket.close(linger=0)
+    @property
+    def by_id(self) -> dict[str, dict]:
+        return {r["request_id"]: r for r in self.received().records}
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack(dynamo: DynamoProcs) -> AsyncIterator[tuple[str, object, Records]]:
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+async def stack(dynamo: Dynamo) -> AsyncIterator[tuple[str, object, Records]]:
+    endpoint = reserve_endpoint()
     taps = [
         {
             "name": TAP,
@@ -97,19 +76,12 @@ async def stack(dynamo: DynamoProcs) -> AsyncIterator[tuple[str, object, Records
             "capacity": 4096,
         },
     ]
-    models = [{"name": n, "tokenizer": str(MODELS / n)} for n in MODEL_NAMES]
+    models = {n: MODELS / n for n in MODEL_NAMES}
     config = proxy_config(dynamo.base_url, models=models, taps=taps)
-    context = zmq.asyncio.Context()
-    try:
+    with Records(endpoint, TAP) as records:
         async with run_proxy(config) as (url, registry, _app):
-            records = Records(context, endpoint)
-            try:
-                await wait_for(lambda: records.heartbeats >= 2, timeout=15)
-                yield url, registry, records
-            finally:
-                await records.close()
-    finally:
-        context.term()
+            await records.wait_heartbeats(2, timeout=15)
+            yield url, registry, records
 
 
 def metric(registry, name: str) -> float:
@@ -179,10 +151,11 @@ class TestCorpus:
         failed = [(key, a["status"], a["body"]) for key, _, a in answers if a["status"] != 200]
         assert not failed, failed
         ids = [rid for _, rid, _ in answers]
-        await wait_for(lambda: all(rid in records.by_id for rid in ids), timeout=60)
+        await records.wait_requests(ids, timeout=60)
+        by_id = records.by_id
         mismatched = []
         for key, rid, answer in answers:
-            record = records.by_id[rid]
+            record = by_id[rid]
             # (with tool_choice required or named, 1.6.1 + the mocker answer
             # finish_reason null: the record says incomplete, as the client saw)
             assert record["response"]["http_status"] == 200, key
@@ -191,7 +164,7 @@ class TestCorpus:
                 mismatched.append((key, rebuilt, answer["usage"]["prompt_tokens"]))
         assert not mismatched, mismatched
         assert len(answers) == 2 * len(CORPUS) >= 120
-        await wait_for(
+        await wait_until(
             lambda: metric(registry, "shadow_prompt_token_checks_total") >= len(answers),
             timeout=15,
         )
@@ -202,13 +175,14 @@ class TestCorpus:
         url, _registry, records = stack
         answers = await send_corpus(url, annotated=True)
         assert all(a["status"] == 200 for _, _, a in answers)
-        await wait_for(lambda: all(rid in records.by_id for _, rid, _ in answers), timeout=60)
+        await records.wait_requests([rid for _, rid, _ in answers], timeout=60)
+        by_id = records.by_id
         compared, differing = 0, []
         for key, rid, answer in answers:
             if answer["ids"] is None:  # token-id prompts: the frontend sends none
                 continue
             compared += 1
-            if records.by_id[rid]["request"]["token_ids"] != answer["ids"]:
+            if by_id[rid]["request"]["token_ids"] != answer["ids"]:
                 differing.append(key)
         assert not differing, differing
         assert compared >= len(answers) - 2 * 2

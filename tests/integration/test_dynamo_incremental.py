@@ -9,9 +9,9 @@ import random
 import pytest
 
 from shadow_proxy.devtools.loadgen import make_prompt
-from tests.conftest import wait_for
-from tests.test_dynamo import JOINED, Stack, dynamo, send_all  # noqa: F401 (a fixture)
-from tests.test_dynamo import stack as stack  # the fixture
+from shadow_proxy.devtools.processes import wait_until as wait_for
+from tests.integration.test_dynamo import JOINED, Stack, dynamo, send_all  # noqa: F401 (a fixture)
+from tests.integration.test_dynamo import stack as stack  # the fixture
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.asyncio(loop_scope="module")]
 
@@ -50,7 +50,7 @@ class TestMultiTurn:
         answers = await send_all(stack.url, requests)
         failed = [(a.status, a.body[:300]) for a in answers if a.status != 200]
         assert not failed, failed[:3]
-        joined = await stack.records.wait_records(JOINED, [a.request_id for a in answers])
+        joined = await stack.records(JOINED, [a.request_id for a in answers])
         for answer in answers:
             record = joined[answer.request_id]
             assert len(record["request"]["token_ids"]) == answer.usage["prompt_tokens"]

@@ -12,22 +12,20 @@ when the request sets none), ``multi_modal_data`` (ours lists the media URLs).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
-import zmq
-import zmq.asyncio
 
-from shadow_proxy.records.wire import HEARTBEAT_SUFFIX, decode_envelope, decode_frames
-from tests.conftest import free_port, proxy_config, require_dynamo, run_proxy, wait_for
-from tests.dynamo_harness import REPO, DynamoProcs
+from shadow_proxy.devtools.dynamo import REPO, Dynamo
+from shadow_proxy.devtools.processes import reserve_endpoint
 from tests.dynamo_recorder import start_recorder
+from tests.support.dynamo import require_dynamo
+from tests.support.servers import proxy_config, run_proxy
+from tests.support.subscriber import TapSubscriber
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(300)]
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -60,56 +58,29 @@ def without_nulls(value):
     return value
 
 
-@pytest.fixture(scope="module")
-def recorder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DynamoProcs, Path]]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def recorder(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Dynamo, Path]]:
     require_dynamo()
     scratch = tmp_path_factory.mktemp("recorder")
     out = scratch / "preprocessed.jsonl"
-    procs = start_recorder(REPO / ".models" / MODEL, MODEL, scratch, out)
+    dynamo = await start_recorder(REPO / ".models" / MODEL, MODEL, scratch, out)
     try:
-        yield procs, out
+        yield dynamo, out
     finally:
-        procs.stop()
+        await dynamo.aclose()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def proxy(recorder) -> AsyncIterator[tuple[str, dict, Path]]:
-    procs, out = recorder
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+async def proxy(recorder) -> AsyncIterator[tuple[str, TapSubscriber, Path]]:
+    dynamo, out = recorder
+    endpoint = reserve_endpoint()
     taps = [{"name": TAP, "topic": TAP, "capture": "request", "endpoint": endpoint,
              "filters": ["keep-worker-pins"]}]  # fmt: skip
-    config = proxy_config(
-        procs.base_url,
-        models=[{"name": MODEL, "tokenizer": str(REPO / ".models" / MODEL)}],
-        taps=taps,
-    )
-    context = zmq.asyncio.Context()
-    socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.SUBSCRIBE, TAP.encode())
-    socket.connect(endpoint)
-    records: dict = {"beats": 0}
-
-    async def read() -> None:
-        while True:
-            message = decode_frames(await socket.recv_multipart())
-            if message.topic.endswith(HEARTBEAT_SUFFIX):
-                records["beats"] += 1
-            else:
-                envelope = decode_envelope(message.payload)
-                records[envelope["request_id"]] = envelope
-
-    task = asyncio.create_task(read())
-    try:
+    config = proxy_config(dynamo.base_url, models={MODEL: REPO / ".models" / MODEL}, taps=taps)
+    with TapSubscriber(endpoint, TAP) as records:
         async with run_proxy(config) as (url, _registry, _app):
-            await wait_for(lambda: records["beats"] >= 2, timeout=15)
+            await records.wait_heartbeats(2, timeout=15)
             yield url, records, out
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        socket.close(linger=0)
-        context.term()
 
 
 @in_module_loop
@@ -128,11 +99,11 @@ class TestPreprocessedRequest:
                     await response.read()
                     assert response.status == 200, entry["name"]
                     rid = response.headers["x-request-id"]
-                await wait_for(lambda rid=rid: rid in records, timeout=15)
+                await records.wait_requests([rid], timeout=15)
                 lines = [x for x in out.read_text(encoding="utf-8").split("\n") if x]
                 assert len(lines) == before, entry["name"]  # exactly one more request
                 engine = without_nulls(json.loads(lines[-1]))
-                ours = records[rid]["request"]
+                ours = records.of(rid)[-1]["request"]
                 for field in COMPARED:
                     if (entry["name"], field) in DELIBERATE:
                         continue

@@ -5,7 +5,7 @@ One Dynamo for the module: a frontend; mockers serving ``.models/deepseek`` as
 (``tests/data/dynamo/scripted_worker.py``) serving ``.models/chatml`` as
 ``scripted``, answering a JSON array with one call (a function call when the
 request forces a tool choice, text otherwise) and writing down each engine
-request it gets. One proxy in front (``tests.conftest.run_proxy``) with a
+request it gets. One proxy in front (``tests.support.servers.run_proxy``) with a
 request tap and a joined tap, read by a SUB socket.
 
 What is proven here: for varied Responses requests (string and item inputs,
@@ -31,7 +31,7 @@ import asyncio
 import json
 import struct
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +39,19 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from shadow_proxy.devtools.dynamo import REPO, Dynamo, start_dynamo
+from shadow_proxy.devtools.processes import WaitTimeout, reserve_port, wait_until
 from shadow_proxy.worker.response.observed import without_none
-from tests.conftest import free_port, proxy_config, require_dynamo, run_proxy, wait_for
-from tests.dynamo_harness import REPO, DynamoProcs, start_dynamo
 from tests.integration.dynamo_backends import read_requests, start_scripted_worker
 from tests.integration.responses_support import Collector, ResponsesView
+from tests.support.dynamo import require_dynamo
+from tests.support.servers import proxy_config, run_proxy
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(300)]
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 MODELS = REPO / ".models"
-#: ~3 ms per output token (as tests/test_dynamo.py): slow enough to cancel mid-stream.
+#: ~3 ms per output token (as tests/integration/test_dynamo.py): slow enough to cancel mid-stream.
 SPEEDUP = 2.0
 JOINED, REQUESTS = "joined", "requests"
 TIMEOUT = aiohttp.ClientTimeout(total=120)
@@ -76,7 +78,7 @@ TIME = {
 
 
 class Stack:
-    def __init__(self, dynamo: DynamoProcs, url: str, registry, records: Collector, engine: Path):
+    def __init__(self, dynamo: Dynamo, url: str, registry, records: Collector, engine: Path):
         self.dynamo, self.url, self.registry, self.records = dynamo, url, registry, records
         #: The scripted worker's engine requests.
         self.engine = engine
@@ -92,8 +94,8 @@ class Stack:
         self.checks += count
         name = "shadow_prompt_token_checks_total"
         try:
-            await wait_for(lambda: self.metric(name) == self.checks, timeout=10)
-        except pytest.fail.Exception:
+            await wait_until(lambda: self.metric(name) == self.checks, timeout=10)
+        except WaitTimeout:
             seen = {
                 f"{sample.name}{sample.labels}": sample.value
                 for family in self.registry.collect()
@@ -115,27 +117,27 @@ class Stack:
         return total
 
 
-@pytest.fixture(scope="module")
-def dynamo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DynamoProcs, Path]]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dynamo(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Dynamo, Path]]:
     require_dynamo()
     from shadow_proxy.devtools.modeldirs import build_all
 
     build_all(MODELS)
     scratch = tmp_path_factory.mktemp("dynamo-responses")
-    procs = start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=SPEEDUP)
+    dynamo = await start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=SPEEDUP)
     try:
-        procs.add_mocker(MODELS / "chatml", "chatml", speedup=SPEEDUP)
+        await dynamo.add_mocker(MODELS / "chatml", "chatml", speedup=SPEEDUP)
         engine = scratch / "engine-requests.jsonl"
-        start_scripted_worker(procs, MODELS / "chatml", "scripted", CALL_TEXT, engine)
-        yield procs, engine
+        await start_scripted_worker(dynamo, MODELS / "chatml", "scripted", CALL_TEXT, engine)
+        yield dynamo, engine
     finally:
-        procs.stop()
+        await dynamo.aclose()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack(dynamo: tuple[DynamoProcs, Path]):
+async def stack(dynamo: tuple[Dynamo, Path]):
     procs, engine = dynamo
-    ports = {JOINED: free_port(), REQUESTS: free_port()}
+    ports = {JOINED: reserve_port(), REQUESTS: reserve_port()}
     taps = [
         {
             "name": REQUESTS,
@@ -187,7 +189,7 @@ async def _subscribed(stack: Stack) -> int:
                 await stack.records.wait(JOINED, [(answer.request_id, None)], timeout=1)
                 await stack.records.wait(REQUESTS, [(answer.request_id, None)], timeout=1)
                 return with_usage
-            except pytest.fail.Exception:
+            except WaitTimeout:
                 continue
     pytest.fail("the taps' records never reached the SUB socket")
 
@@ -567,7 +569,7 @@ class TestResponses:
         ]
         answers = await send_all(stack.url, "/v1/responses", bodies)
         assert [a.status for a in answers] == [501, 400, 501]
-        await wait_for(
+        await wait_until(
             lambda: all(
                 stack.metric("shadow_not_mirrored_total", reason=reason) == count + 1
                 for reason, count in before.items()

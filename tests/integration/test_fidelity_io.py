@@ -21,8 +21,9 @@ import zmq.asyncio
 import zstandard
 from aiohttp import web
 
+from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.records.wire import HEARTBEAT_SUFFIX, decode_envelope, decode_frames
-from tests.conftest import free_port, proxy_config, run_proxy, serve, wait_for
+from tests.support.servers import proxy_config, run_proxy, serve
 
 pytestmark = pytest.mark.timeout(120)
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -144,7 +145,7 @@ class Records:
         return found[0] if found else None
 
     async def wait(self, request_id: str, *taps: str) -> dict[str, dict]:
-        await wait_for(lambda: all(self.of(request_id, t) for t in taps), timeout=30)
+        await wait_until(lambda: all(self.of(request_id, t) for t in taps), timeout=30)
         return {t: self.of(request_id, t) for t in taps}
 
     async def close(self) -> None:
@@ -166,8 +167,8 @@ async def stack(model_dirs: dict[str, Path]) -> AsyncIterator[Stack]:
     app.router.add_post("/v1/chat/completions", chat)
     context = zmq.asyncio.Context()
     endpoints = {
-        "plain": f"tcp://127.0.0.1:{free_port()}",
-        "private": f"tcp://127.0.0.1:{free_port()}",
+        "plain": f"tcp://127.0.0.1:{reserve_port()}",
+        "private": f"tcp://127.0.0.1:{reserve_port()}",
     }
     taps = [
         {
@@ -196,7 +197,7 @@ async def stack(model_dirs: dict[str, Path]) -> AsyncIterator[Stack]:
             async with run_proxy(config) as (url, _registry, _app):
                 records = Records(context, endpoints)
                 try:
-                    await wait_for(lambda: records.heartbeats >= 2, timeout=15)
+                    await wait_until(lambda: records.heartbeats >= 2, timeout=15)
                     yield Stack(url, app, records)
                 finally:
                     await records.close()

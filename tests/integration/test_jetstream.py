@@ -29,11 +29,11 @@ from shadow_proxy.devtools.frontend import MockConfig
 from shadow_proxy.devtools.frontend import make_app as mock_app
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
+from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.records.wire import decode_envelope, heartbeat_topic
 from shadow_proxy.serving.app import TAPS
 from shadow_proxy.serving.supervisor import StartupError
 from shadow_proxy.worker.publishers.jetstream import PENDING_BYTES
-from tests.conftest import free_port, run_proxy, serve, wait_for
 from tests.integration.jetstream_helpers import (
     MODEL,
     REFERENCE_TAPS,
@@ -44,6 +44,7 @@ from tests.integration.jetstream_helpers import (
     tap_messages,
 )
 from tests.integration.nats_harness import stream_info
+from tests.support.servers import run_proxy, serve
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
 
@@ -65,7 +66,7 @@ def tap_state(app: Any) -> dict[str, dict[str, Any]]:
 
 
 async def published(app: Any, tap: str, count: int, timeout: float = SETTLE_S) -> None:
-    await wait_for(lambda: tap_state(app).get(tap, {}).get("published") == count, timeout)
+    await wait_until(lambda: tap_state(app).get(tap, {}).get("published") == count, timeout)
 
 
 class ZmqAccounts:
@@ -106,7 +107,7 @@ class TestSameAsZeroMQ:
     reference runs (streaming, not streaming, 25% cancelled) give equal totals."""
 
     async def test_reference_runs(self, nats_server, model_dirs):
-        zmq_taps = [{**t, "endpoint": f"tcp://127.0.0.1:{free_port()}"} for t in REFERENCE_TAPS]
+        zmq_taps = [{**t, "endpoint": f"tcp://127.0.0.1:{reserve_port()}"} for t in REFERENCE_TAPS]
         nats_taps = [on_nats(t, "-js") for t in REFERENCE_TAPS]
         context = zmq.asyncio.Context()
         readers: dict[str, ZmqAccounts] = {}
@@ -120,7 +121,9 @@ class TestSameAsZeroMQ:
                     for tap in zmq_taps:
                         reader = ZmqAccounts(context, tap["endpoint"], tap["topic"])
                         readers[tap["name"]] = reader
-                    await wait_for(lambda: all(r.accounts.publishers for r in readers.values()), 10)
+                    await wait_until(
+                        lambda: all(r.accounts.publishers for r in readers.values()), 10
+                    )
                     for stream, cancel in ((True, 0.0), (False, 0.0), (True, 0.25)):
                         spec = LoadSpec(
                             url=url,
@@ -137,7 +140,7 @@ class TestSameAsZeroMQ:
                         sent += len(report.results)
                     for tap in nats_taps:
                         await published(app, tap["name"], sent)
-                    await wait_for(
+                    await wait_until(
                         lambda: all(r.accounts.records == sent for r in readers.values()),
                         SETTLE_S,
                     )
@@ -188,7 +191,7 @@ class TestClusterFailover:
                     output_tokens=24,
                 )
                 load = asyncio.create_task(run_load(spec))
-                await wait_for(lambda: tap_state(app)["kv"]["published"] >= 25, SETTLE_S)
+                await wait_until(lambda: tap_state(app)["kv"]["published"] >= 25, SETTLE_S)
                 info = await stream_info(nats_cluster.urls, "SHADOW")
                 assert info.config.num_replicas == 3
                 leader = next(s for s in nats_cluster.servers if s.name == info.cluster.leader)
@@ -258,12 +261,12 @@ class TestServersStopped:
 
                 server.pause()
                 during = await load(url, 100)
-                await wait_for(
+                await wait_until(
                     lambda: tap_state(app)["kv"]["dropped"]["full"] == 100 - 2 * capacity, SETTLE_S
                 )
                 server.kill()
                 await load(url, 20)
-                await wait_for(
+                await wait_until(
                     lambda: tap_state(app)["kv"]["dropped"]["full"] == 120 - 2 * capacity, SETTLE_S
                 )
                 assert (
@@ -304,7 +307,7 @@ class TestStartUp:
                                     prompt_tokens=32, output_tokens=4)  # fmt: skip
                     summary = (await run_load(spec)).summary()
                     assert (summary["ok"], summary["errors"]) == (10, 0)
-                    await wait_for(lambda: tap_state(app).get("kv", {}).get("queued") == 10, 10)
+                    await wait_until(lambda: tap_state(app).get("kv", {}).get("queued") == 10, 10)
                     assert tap_state(app)["kv"]["published"] == 0
                     cluster.start()
                     await published(app, "kv", 10)

@@ -19,11 +19,12 @@ from pathlib import Path
 import nats
 import pytest
 
+from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records.files import read_entries
 from shadow_proxy.records.jetstream_source import JetStreamSource
 from shadow_proxy.records.wire import Message, decode_envelope, encode_envelope
-from tests.conftest import ROOT, wait_for
 from tests.integration.jetstream_helpers import DirectPublisher, synthetic_payload
+from tests.support import ROOT
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(90)]
 
@@ -90,7 +91,7 @@ class TestResume:
             feeder = publish_in_background(publisher, total, per_step=20)
             first = start_consumer(nats_server.urls, "resume", tmp_path, "first")
             try:
-                await wait_for(lambda: len(recorded(tmp_path, "first")) >= 500, timeout=30)
+                await wait_until(lambda: len(recorded(tmp_path, "first")) >= 500, timeout=30)
                 first.kill()
                 first.wait(10)
             finally:
@@ -98,7 +99,7 @@ class TestResume:
                     first.kill()
                 first.communicate()
             await asyncio.to_thread(feeder.join, 30)
-            await wait_for(lambda: publisher.queue.published == total, timeout=30)
+            await wait_until(lambda: publisher.queue.published == total, timeout=30)
         finally:
             publisher.close()
         seen_first = recorded(tmp_path, "first")
@@ -106,7 +107,7 @@ class TestResume:
 
         second = start_consumer(nats_server.urls, "resume", tmp_path, "second")
         try:
-            await wait_for(
+            await wait_until(
                 lambda: set(seen_first) | set(recorded(tmp_path, "second")) == set(range(total)),
                 timeout=30,
             )
@@ -132,12 +133,12 @@ class TestSharedDurable:
         try:
             assert publisher.startup_problem() is None
             publisher.offer(total)
-            await wait_for(lambda: publisher.queue.published == total, timeout=30)
+            await wait_until(lambda: publisher.queue.published == total, timeout=30)
         finally:
             publisher.close()
         readers = [start_consumer(nats_server.urls, "shared", tmp_path, n) for n in "ab"]
         try:
-            await wait_for(
+            await wait_until(
                 lambda: len(recorded(tmp_path, "a")) + len(recorded(tmp_path, "b")) >= total,
                 timeout=30,
             )

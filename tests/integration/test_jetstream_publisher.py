@@ -16,9 +16,9 @@ import pytest
 from nats.js import api
 
 from shadow_proxy.devtools.nats_server import NatsCluster
+from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records.wire import decode_envelope
 from shadow_proxy.worker.publishers.jetstream_stream import DUPLICATE_WINDOW_S
-from tests.conftest import wait_for
 from tests.integration.jetstream_helpers import DirectPublisher, tap_messages
 from tests.integration.nats_harness import stream_info
 
@@ -40,7 +40,7 @@ class TestMessages:
     async def test_headers_and_data(self, nats_server, direct):
         assert direct.startup_problem() is None
         direct.offer(50)
-        await wait_for(lambda: direct.queue.published == 50, timeout=10)
+        await wait_until(lambda: direct.queue.published == 50, timeout=10)
         messages = await tap_messages(nats_server.urls, SUBJECT)
         assert len(messages) == 50
         publisher_id = direct.publisher.publisher_id
@@ -91,7 +91,7 @@ class TestStreamCheck:
         try:
             assert await asyncio.to_thread(publisher.startup_problem) is None
             publisher.offer(3)
-            await wait_for(lambda: publisher.queue.published == 3, timeout=10)
+            await wait_until(lambda: publisher.queue.published == 3, timeout=10)
         finally:
             publisher.close()
         info = await stream_info(nats_server.urls, "SHADOW")
@@ -108,7 +108,7 @@ class TestBounds:
         try:
             assert direct.startup_problem() is None
             direct.offer(10)
-            await wait_for(lambda: direct.queue.published == 10, timeout=10)
+            await wait_until(lambda: direct.queue.published == 10, timeout=10)
             server = nats_server.servers[0]
             server.pause()
             slowest = 0.0
@@ -128,7 +128,7 @@ class TestBounds:
                 direct.pump()
                 return not direct.queue.items and direct.publisher.in_flight == 0
 
-            await wait_for(drained, timeout=20)
+            await wait_until(drained, timeout=20)
         finally:
             direct.close()
         assert direct.queue.published == 10 + 2 * capacity
@@ -154,7 +154,7 @@ class TestNoServerAtStart:
             assert direct.publisher.in_flight == 5
             assert direct.link.stats.connected is False
             cluster.start()
-            await wait_for(lambda: direct.queue.published == 5, timeout=20)
+            await wait_until(lambda: direct.queue.published == 5, timeout=20)
             messages = await tap_messages(cluster.urls, SUBJECT)
             assert [m.headers["Shadow-Seq"] for m in messages] == ["0", "1", "2", "3", "4"]
         finally:

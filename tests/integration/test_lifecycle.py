@@ -27,7 +27,6 @@ import zmq
 from aiohttp import web
 
 from shadow_proxy.serving.lifeline import EXIT_AFTER_S
-from tests.conftest import serve
 from tests.integration.harness import (
     Proxy,
     alive,
@@ -38,6 +37,7 @@ from tests.integration.harness import (
     subscriber,
     wait_subscribed,
 )
+from tests.support.servers import serve
 
 pytestmark = pytest.mark.timeout(180)
 

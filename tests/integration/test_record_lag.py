@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 import zmq
 
+from shadow_proxy.devtools.processes import wait_until as wait_for
 from shadow_proxy.serving.supervisor import TAPS
-from tests.conftest import proxy_config, run_proxy, serve, wait_for
 from tests.integration.workers import (
     Consumer,
     chat,
@@ -24,6 +24,7 @@ from tests.integration.workers import (
     shard_pids,
     tap,
 )
+from tests.support.servers import proxy_config, run_proxy, serve
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from shadow_proxy.devtools.frontend import MockConfig, diverges, load_models, serve_mock_frontend
+from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.records import files
 from shadow_proxy.replay.runner import Replay, ReplayOptions
-from tests.conftest import free_port, wait_for
 from tests.integration.replay_capture import capture, file_records, load_records
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -207,7 +207,7 @@ class TestBadInput:
             assert summary["ttft_ms"]["judged_against"] == "primary"
             load = await replay(source, tmp_path / "b", candidate, None, compare=False)
             assert load["replayed"] == 6 and load["skipped"] == {} and load["compared"] == 0
-        dead = f"http://127.0.0.1:{free_port()}"
+        dead = f"http://127.0.0.1:{reserve_port()}"
         summary = await replay(source, tmp_path / "c", dead, None)
         assert summary["replayed"] == 3 and summary["errors"] == 3
         assert summary["errors_by_status"] == {"connection": 3}
@@ -227,7 +227,7 @@ class TestCommandLine:
                 *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
             pairs_file = tmp_path / "pairs.jsonl"
-            await wait_for(
+            await wait_until(
                 lambda: pairs_file.exists() and pairs_file.read_text().count("\n") >= 2, timeout=30
             )
             proc.send_signal(signal.SIGINT)

@@ -24,18 +24,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from shadow_proxy.devtools.dynamo import REPO, Dynamo, start_dynamo
+from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.replay.request import dynamo_id
 from shadow_proxy.replay.runner import Replay, ReplayOptions
-from tests.conftest import require_dynamo
-from tests.dynamo_harness import REPO, DynamoProcs, start_dynamo
 from tests.integration.replay_capture import capture, file_records, load_records
+from tests.support.dynamo import require_dynamo
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -63,7 +63,7 @@ class Deployment:
     def __init__(self, name: str, scratch: Path, speedup: float) -> None:
         self.name = name
         self.trace = scratch / f"{name}-trace.jsonl"
-        self.procs: DynamoProcs = start_dynamo(
+        start = start_dynamo(
             MODEL,
             "deepseek",
             scratch / name,
@@ -71,6 +71,7 @@ class Deployment:
             extra_mocker_args=("--no-enable-prefix-caching",),
             extra_frontend_env=trace_env(self.trace),
         )
+        self.procs: Dynamo = asyncio.run(start)  # a module fixture: no loop runs here
         self.url = self.procs.base_url
 
     def hashes(self) -> dict[str, dict[str, Any]]:
@@ -87,16 +88,16 @@ class Deployment:
                 out[event["request"]["request_id"]] = event["request"]
         return out
 
-    def wait_trace(self, ids: list[str], timeout: float = 30) -> dict[str, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
+    async def wait_trace(self, ids: list[str], timeout: float = 30) -> dict[str, dict[str, Any]]:
+        """The trace records of ``ids``, once Dynamo has written them all."""
+
+        def complete() -> dict[str, dict[str, Any]] | None:
             seen = self.hashes()
-            missing = [i for i in ids if i not in seen]
-            if not missing:
-                return seen
-            if time.monotonic() > deadline:
-                pytest.fail(f"{self.name}: no trace record for {len(missing)}: {missing[:5]}")
-            time.sleep(0.1)
+            return seen if all(i in seen for i in ids) else None
+
+        return await wait_until(
+            complete, timeout, 0.1, what=f"{self.name}: trace records of {len(ids)} requests"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -160,15 +161,15 @@ def _pairs(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
 
 
-def _check_engine_input(
+async def _check_engine_input(
     records: list[dict], pairs: list[dict], deployments: dict[str, Deployment], side: str, name: str
 ) -> None:
     """The engine behind ``side`` received exactly the primary engine's input."""
     primary_ids = [_dynamo_id(r["response"]["upstream_id"]) for r in records]
-    primary = deployments["primary"].wait_trace(primary_ids)
+    primary = await deployments["primary"].wait_trace(primary_ids)
     by_request = {p["request_id"]: p for p in pairs}
     other_ids = [_dynamo_id(by_request[r["request_id"]][side]["upstream_id"]) for r in records]
-    other = deployments[name].wait_trace(other_ids)
+    other = await deployments[name].wait_trace(other_ids)
     # x-dynamo-request-id carried the record's request id (as a UUID) into Dynamo.
     assert other_ids == [dynamo_id(r["request_id"]) for r in records]
     for record, pid, oid in zip(records, primary_ids, other_ids, strict=True):
@@ -199,8 +200,8 @@ class TestAgainstDynamo:
         pairs = _pairs(tmp_path)
         for line in pairs:
             assert line["candidate"]["prompt_tokens"] == line["prompt_tokens"]
-        _check_engine_input(records, pairs, deployments, "candidate", "slow")
-        _check_engine_input(records, pairs, deployments, "baseline", "baseline")
+        await _check_engine_input(records, pairs, deployments, "candidate", "slow")
+        await _check_engine_input(records, pairs, deployments, "baseline", "baseline")
         ttft = summary["ttft_ms"]
         assert ttft["verdict"] == "higher", ttft
         assert ttft["candidate_vs_baseline_ci95"][0] > 1 + summary["tolerance"]
@@ -218,4 +219,4 @@ class TestAgainstDynamo:
             "differences"
         ]
         records = load_records(captured)
-        _check_engine_input(records, _pairs(tmp_path), deployments, "candidate", "primary")
+        await _check_engine_input(records, _pairs(tmp_path), deployments, "candidate", "primary")

@@ -14,8 +14,9 @@ import pytest
 import pytest_asyncio
 
 from shadow_proxy.devtools.frontend import MockConfig, load_models, serve_mock_frontend
-from tests.conftest import free_port, proxy_config, run_proxy, wait_for
+from shadow_proxy.devtools.processes import WaitTimeout, reserve_port, wait_until
 from tests.integration.responses_support import Collector
+from tests.support.servers import proxy_config, run_proxy
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(60)]
 
@@ -44,7 +45,7 @@ class Stack:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(model_dirs: dict[str, Path]) -> AsyncIterator[Stack]:
     config = MockConfig(models={MODEL: model_dirs[MODEL]}, itl_ms=2)
-    ports = {JOINED: free_port(), REQUESTS: free_port()}
+    ports = {JOINED: reserve_port(), REQUESTS: reserve_port()}
     taps = [
         {"name": REQUESTS, "topic": REQUESTS, "capture": "request",
          "endpoint": f"tcp://127.0.0.1:{ports[REQUESTS]}"},
@@ -83,7 +84,7 @@ async def _subscribed(stack: Stack) -> None:
             await stack.records.wait(JOINED, [(rid, None)], timeout=1)
             await stack.records.wait(REQUESTS, [(rid, None)], timeout=1)
             return
-        except pytest.fail.Exception:
+        except WaitTimeout:
             continue
     pytest.fail("the taps' records never reached the SUB socket")
 
@@ -227,7 +228,7 @@ class TestOpenAIClient:
                 model=MODEL, input="hi", previous_response_id="resp_0", **headers(rid)
             )
         assert raised.value.status_code == 501
-        await wait_for(
+        await wait_until(
             lambda: (
                 stack.metric("shadow_not_mirrored_total", reason="previous_response") == before + 1
             ),

@@ -27,8 +27,9 @@ from tokenizers import Tokenizer
 
 from shadow_proxy.devtools.frontend import MockConfig, make_app
 from shadow_proxy.trace.cli import main as trace_main
-from tests.conftest import ROOT, serve
-from tests.trace_records import envelope, write_records
+from tests.support import ROOT
+from tests.support.servers import serve
+from tests.support.trace_records import envelope, write_records
 
 pytestmark = [pytest.mark.aiperf, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -2,7 +2,7 @@
 
 Real parts: Dynamo 1.6.1's frontend and mocker (``make dynamo``) with its request
 trace on (``DYN_REQUEST_TRACE=1``, the ``jsonl`` sink), the proxy in front of it
-with a joined tap, a SUB socket collecting the records, a record file, and the
+with a joined tap, a test subscriber collecting the records, a record file, and the
 ``shadow-trace export --format dynamo`` command. Dynamo 1.6.1's trace does not
 carry the client's request id, so the two traces are compared as multisets of
 ``(input_length, input_sequence_hashes)``, for chat and completions, short and
@@ -12,109 +12,57 @@ multi-block prompts, and multi-turn conversations.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
-import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
-import zmq
 
-import tests.dynamo_harness as harness
-from shadow_proxy.records import wire
+from shadow_proxy.devtools.dynamo import Dynamo, start_dynamo
+from shadow_proxy.devtools.processes import reserve_endpoint, wait_until
 from shadow_proxy.trace.cli import main as trace_main
-from tests.conftest import MODELS_DIR, free_port, proxy_config, require_dynamo, run_proxy
-from tests.trace_records import write_records
+from tests.support import MODELS_DIR
+from tests.support.dynamo import require_dynamo
+from tests.support.servers import proxy_config, run_proxy
+from tests.support.subscriber import TapSubscriber
+from tests.support.trace_records import write_records
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.dynamo,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.asyncio(loop_scope="module"),
+]
 
 TAP = "trace-joined"
 TIMEOUT = aiohttp.ClientTimeout(total=120)
 WORDS = "shadow proxy mirrors traffic as the engine sees it while caches keep prefixes".split()
 
 
-class Collector:
-    """A SUB socket read by a thread: every record of the tap, by request id."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.SUBSCRIBE, TAP.encode())
-        self.socket.connect(endpoint)
-        self.records: dict[str, dict] = {}
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
-        while not self.stopping.is_set():
-            if not poller.poll(50):
-                continue
-            message = wire.decode_frames(self.socket.recv_multipart())
-            if message.topic == TAP:
-                envelope = wire.decode_envelope(message.payload)
-                with self.lock:
-                    self.records[envelope["request_id"]] = envelope
-
-    def get(self, request_ids: list[str]) -> list[dict] | None:
-        with self.lock:
-            found = [self.records.get(rid) for rid in request_ids]
-        return None if None in found else found  # type: ignore[return-value]
-
-    def close(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.socket.close()
-        self.context.term()
-
-
-async def poll(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def dynamo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[harness.DynamoProcs, Path]]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def dynamo(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Dynamo, Path]]:
+    """Dynamo with its request trace on (the frontend writes it)."""
     require_dynamo()
     scratch = tmp_path_factory.mktemp("dynamo-trace")
     trace_path = scratch / "request-trace.jsonl"
-    plain_env = harness.dynamo_env
-
-    def traced_env(folder: Path) -> dict[str, str]:
-        env = plain_env(folder)
-        env.update(
-            DYN_REQUEST_TRACE="1",
-            DYN_REQUEST_TRACE_SINKS="jsonl",
-            DYN_REQUEST_TRACE_OUTPUT_PATH=str(trace_path),
-            DYN_REQUEST_TRACE_JSONL_FLUSH_INTERVAL_MS="50",
-        )
-        return env
-
-    harness.dynamo_env = traced_env  # the harness builds each process's environment with it
+    trace_env = {
+        "DYN_REQUEST_TRACE": "1",
+        "DYN_REQUEST_TRACE_SINKS": "jsonl",
+        "DYN_REQUEST_TRACE_OUTPUT_PATH": str(trace_path),
+        "DYN_REQUEST_TRACE_JSONL_FLUSH_INTERVAL_MS": "50",
+    }
+    dynamo = await start_dynamo(
+        MODELS_DIR / "deepseek", "deepseek", scratch, speedup=1000, extra_frontend_env=trace_env
+    )
     try:
-        procs = harness.start_dynamo(MODELS_DIR / "deepseek", "deepseek", scratch, speedup=1000)
+        yield dynamo, trace_path
     finally:
-        harness.dynamo_env = plain_env
-    try:
-        yield procs, trace_path
-    finally:
-        procs.stop()
+        await dynamo.aclose()
 
 
 def dynamo_rows(path: Path) -> list[dict]:
@@ -153,27 +101,27 @@ async def send(session: aiohttp.ClientSession, url: str, api: str, body: dict) -
         return response.headers["x-request-id"]
 
 
-@pytest_asyncio.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def proxy(dynamo):
+    """The proxy in front of Dynamo with one joined tap, read by a test subscriber
+    that has seen the tap's heartbeat (no record is sent before it subscribed)."""
     procs, _ = dynamo
-    port = free_port()
+    endpoint = reserve_endpoint()
     taps = [
         {
             "name": TAP,
             "topic": TAP,
             "capture": "request_response",
             "emit": "joined",
-            "endpoint": f"tcp://127.0.0.1:{port}",
+            "endpoint": endpoint,
             "capacity": 1024,
         }
     ]
-    models = [{"name": "deepseek", "tokenizer": str(MODELS_DIR / "deepseek")}]
-    collector = Collector(f"tcp://127.0.0.1:{port}")
-    try:
+    models = {"deepseek": MODELS_DIR / "deepseek"}
+    with TapSubscriber(endpoint, TAP) as subscriber:
         async with run_proxy(proxy_config(procs.base_url, models=models, taps=taps)) as started:
-            yield started[0], collector
-    finally:
-        collector.close()
+            await subscriber.wait_heartbeats(timeout=30)
+            yield started[0], subscriber
 
 
 class TestDynamoExportEqualsDynamosTrace:
@@ -181,21 +129,13 @@ class TestDynamoExportEqualsDynamosTrace:
         _, trace_path = dynamo
         url, collector = proxy
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
-            # ZeroMQ's slow joiner: probe until a record arrives
-            deadline = time.monotonic() + 30
-            while True:
-                rid = await send(session, url, "completions", {"prompt": "probe"})
-                with contextlib.suppress(pytest.fail.Exception):
-                    await poll(lambda r=rid: collector.get([r]), 1, "probe record")
-                    break
-                if time.monotonic() > deadline:
-                    pytest.fail("the tap's records never reached the SUB socket")
             await asyncio.sleep(0.01)
             start_ms = int(time.time() * 1000) + 1
             await asyncio.sleep(0.01)
             requests = workload()
             ids = [await send(session, url, api, body) for api, body in requests]
-        envelopes = await poll(lambda: collector.get(ids), 30, "records of the workload")
+        found = await collector.wait_requests(ids, timeout=30)
+        envelopes = [found[i] for i in ids]
         records = write_records(tmp_path / "records.bin", envelopes)
         out = tmp_path / "dynamo.jsonl"
         code = await asyncio.to_thread(
@@ -212,7 +152,7 @@ class TestDynamoExportEqualsDynamosTrace:
             ]
             return rows if len(rows) >= len(requests) else []
 
-        rows = await poll(theirs, 30, "Dynamo's request trace of the workload")
+        rows = await wait_until(theirs, 30, 0.05, what="Dynamo's request trace of the workload")
 
         def key(row: dict) -> tuple:
             replay = row["request"]["replay"]

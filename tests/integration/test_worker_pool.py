@@ -15,8 +15,8 @@ import zmq
 
 from shadow_proxy.devtools.frontend import MockConfig
 from shadow_proxy.devtools.frontend import make_app as mock_app
+from shadow_proxy.devtools.processes import wait_until as wait_for
 from shadow_proxy.serving.supervisor import TAPS
-from tests.conftest import proxy_config, run_proxy, serve, wait_for
 from tests.integration.workers import (
     START_S,
     Consumer,
@@ -27,6 +27,7 @@ from tests.integration.workers import (
     tap,
     tap_counters,
 )
+from tests.support.servers import proxy_config, run_proxy, serve
 
 pytestmark = pytest.mark.timeout(240)
 

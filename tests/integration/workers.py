@@ -14,8 +14,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.consumer.accounting import Accounts
+from shadow_proxy.devtools.processes import reserve_endpoint
 from shadow_proxy.records import wire
-from tests.conftest import free_port
 
 #: Worker start-up (spawn, import transformers, load tokenizers in each shard).
 START_S = 90.0
@@ -49,7 +49,7 @@ def status(pid: int, field: str) -> int:
 
 
 def tap(name: str, capture: str = "request", **extra: Any) -> dict[str, Any]:
-    return {"name": name, "capture": capture, "endpoint": f"tcp://127.0.0.1:{free_port()}", **extra}
+    return {"name": name, "capture": capture, "endpoint": reserve_endpoint(), **extra}
 
 
 def chat(content: str, model: str = "deepseek", **extra: Any) -> dict[str, Any]:

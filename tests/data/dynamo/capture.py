@@ -1,6 +1,6 @@
 """Re-capture the Dynamo 1.6.1 SSE fixtures in this folder (exact response body bytes).
 
-    .venv/bin/python tests/data/dynamo/capture.py
+    .venv/bin/python -m tests.data.dynamo.capture
 
 Needs .dynamo/venv (scripts/install-dynamo.sh). Writes:
 - chat_stream_usage.sse: streaming chat with stream_options.include_usage
@@ -13,16 +13,16 @@ Ids and "created" differ on every capture; the structure does not.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
-import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from shadow_proxy.devtools.dynamo import REPO, start_dynamo
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
-
-from tests.dynamo_harness import REPO, start_dynamo  # noqa: E402
 
 
 def stream(port: int, path: str, body: dict, *, on_chunks=None, kill_after: int = 0):
@@ -54,14 +54,16 @@ def save(name: str, raw: bytes, meta: dict) -> None:
     print(f"{name}.sse: {len(raw)} bytes, {raw.count(b'data: ')} data lines")
 
 
-def main() -> None:
+async def main() -> None:
     model = REPO / ".models" / "deepseek"
     with tempfile.TemporaryDirectory() as tmp:
-        with start_dynamo(model, "deepseek", Path(tmp) / "a", speedup=1000) as d:
+        d = await start_dynamo(model, "deepseek", Path(tmp) / "a", speedup=1000)
+        port = urlsplit(d.base_url).port
+        try:
             save(
                 "chat_stream_usage",
                 *stream(
-                    d.http_port,
+                    port,
                     "/v1/chat/completions",
                     {
                         "model": "deepseek",
@@ -78,7 +80,7 @@ def main() -> None:
             save(
                 "completions_stream_usage",
                 *stream(
-                    d.http_port,
+                    port,
                     "/v1/completions",
                     {
                         "model": "deepseek",
@@ -89,12 +91,16 @@ def main() -> None:
                     },
                 ),
             )
+        finally:
+            await d.aclose()
         # Slow mocker so that the stream is still running when the mocker dies.
-        with start_dynamo(model, "deepseek", Path(tmp) / "b", speedup=0.2) as d:
+        d = await start_dynamo(model, "deepseek", Path(tmp) / "b", speedup=0.2)
+        port = urlsplit(d.base_url).port
+        try:
             save(
                 "chat_stream_mocker_killed",
                 *stream(
-                    d.http_port,
+                    port,
                     "/v1/chat/completions",
                     {
                         "model": "deepseek",
@@ -107,7 +113,9 @@ def main() -> None:
                     kill_after=4,
                 ),
             )
+        finally:
+            await d.aclose()
 
 
 if __name__ == "__main__":
-    main()
+    asyncio.run(main())

@@ -23,17 +23,16 @@ Ids and timestamps differ on every capture; the structure does not.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
+from shadow_proxy.devtools.dynamo import REPO, start_dynamo
+from tests.integration.dynamo_backends import start_scripted_worker
 
-from tests.dynamo_harness import REPO, start_dynamo  # noqa: E402
-from tests.integration.dynamo_backends import start_scripted_worker  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 OUT = HERE / "responses"
 CALL_TEXT = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
@@ -71,11 +70,12 @@ def save(name: str, data: bytes, meta: dict) -> None:
     print(f"{name}: {meta['status']}, {len(data)} bytes")
 
 
-def main() -> None:
+async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        with start_dynamo(REPO / ".models" / "deepseek", "deepseek", scratch, speedup=100) as d:
-            start_scripted_worker(
+        d = await start_dynamo(REPO / ".models" / "deepseek", "deepseek", scratch, speedup=100)
+        try:
+            await start_scripted_worker(
                 d, REPO / ".models" / "chatml", "scripted", CALL_TEXT, scratch / "engine.jsonl"
             )
             port = d.http_port
@@ -98,7 +98,9 @@ def main() -> None:
             stream = {**batch, "stream": True, "stream_options": {"include_usage": True}}
             save("batch_stream.sse", *post(port, "/v1/completions", stream))
             save("batch_unary.json", *post(port, "/v1/completions", batch))
+        finally:
+            await d.aclose()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # .venv/bin/python -m tests.data.dynamo.capture_responses
+    asyncio.run(main())

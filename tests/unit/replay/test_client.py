@@ -12,10 +12,11 @@ import pytest
 from aiohttp import web
 
 from shadow_proxy.devtools.frontend import MockConfig, load_models, serve_mock_frontend
+from shadow_proxy.devtools.processes import reserve_port
 from shadow_proxy.replay.client import CandidateClient
 from shadow_proxy.replay.request import CandidateRequest
 from shadow_proxy.replay.runner import load_tokenizer
-from tests.conftest import free_port, serve
+from tests.support.servers import serve
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,7 +93,7 @@ class TestFailures:
         assert obs.error and "Payload" in obs.error
 
     async def test_unreachable(self) -> None:
-        url = f"http://127.0.0.1:{free_port()}"
+        url = f"http://127.0.0.1:{reserve_port()}"
         async with CandidateClient(url, concurrency=1) as client:
             obs = await client.send(request())
         assert obs.outcome == "error" and obs.http_status is None

@@ -12,34 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.channel import frames as hf
+from shadow_proxy.devtools.processes import wait_until as wait_for
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.serving.handoff import Handoff
 from shadow_proxy.serving.metrics import ProxyMetrics
-from tests.conftest import wait_for
-
-
-class Worker:
-    """The worker's end, played by a plain socket (non-blocking reads)."""
-
-    def __init__(self, path: str):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.sock.setblocking(False)
-        self.decoder = hf.StreamDecoder()
-        self.messages: list[list[bytes]] = []
-
-    def read(self) -> list[list[bytes]]:
-        while True:
-            try:
-                data = self.sock.recv(1 << 20)
-            except BlockingIOError:
-                return self.messages
-            if not data:
-                return self.messages
-            self.messages += [hf.split_frames(m) for m in self.decoder.feed(data)]
-
-    def close(self) -> None:
-        self.sock.close()
+from tests.support.handoff import HandoffReader as Worker
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from shadow_proxy.trace.blocks import dynamo_sequence_hashes
 from shadow_proxy.trace.cli import main
-from tests.trace_records import T0, envelope, write_records
+from tests.support.trace_records import T0, envelope, write_records
 
 
 def export(tmp_path, envelopes, *args, files=1):

@@ -19,7 +19,7 @@ from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import check_envelope
 from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.tokenizer import load_model
-from tests.conftest import proxy_config
+from tests.support.servers import proxy_config
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "dynamo" / "responses"
 SSE, JSON = "text/event-stream", "application/json"

@@ -12,11 +12,11 @@ from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.config import Config
+from shadow_proxy.devtools.processes import reserve_endpoint
 from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.worker import shard_wire as sw
 from shadow_proxy.worker.publishing import Publishing
-from tests.conftest import free_port
 
 
 def config(max_lag_s: float | None = 30.0) -> Config:
@@ -25,9 +25,7 @@ def config(max_lag_s: float | None = 30.0) -> Config:
             "schema_version": 1,
             "upstream": {"url": "http://127.0.0.1:1"},
             "worker": {"max_lag_s": max_lag_s},
-            "taps": [
-                {"name": "kv", "capture": "request", "endpoint": f"tcp://127.0.0.1:{free_port()}"}
-            ],
+            "taps": [{"name": "kv", "capture": "request", "endpoint": reserve_endpoint()}],
         }
     )
 
@@ -188,3 +186,51 @@ class TestLastWords:
         (last,) = [hb for hb in beats if hb.publisher_id == 77]
         assert last.next_seq == 12 and last.dropped == {"worker_died": 10}
         assert last.last_transport_sequence == 1
+
+
+class TestListingAndDrain:
+    """Each tap's queue goes out on its own socket; the listing shows every counter;
+    at shutdown what is queued is published in time or counted as closed."""
+
+    def test_listing(self) -> None:
+        context = zmq.Context()
+        cfg = Config.from_mapping(
+            {
+                "schema_version": 1,
+                "upstream": {"url": "http://127.0.0.1:1"},
+                "taps": [
+                    {"name": n, "capture": "request", "endpoint": f"inproc://{n}"}
+                    for n in ("kv", "replay")
+                ],
+            }
+        )
+        publishing = Publishing(cfg, context, CollectorRegistry())
+        try:
+            data, offset = payload("r")
+            publishing.take(0, data, offset, time.monotonic_ns())
+            kv, replay = publishing.listing()
+            assert set(kv) == {
+                "name", "topic", "endpoint", "capture", "filters", "models", "sample",
+                "capacity", "publisher_id", "next_seq", "queued", "published", "dropped",
+                "skipped", "publish_errors", "queue_depth", "transport", "curve",
+            }  # fmt: skip
+            assert (kv["name"], kv["endpoint"], kv["next_seq"], kv["queue_depth"]) == (
+                "kv", "inproc://kv", 1, 1,
+            )  # fmt: skip
+            assert kv["publisher_id"] != replay["publisher_id"]
+            assert (kv["transport"], replay["next_seq"]) == ("zmq", 0)
+        finally:
+            publishing.close()
+            context.term()
+
+    def test_drain_publishes_then_closes(self, setup) -> None:
+        publishing, sub, _, path = setup
+        for i in range(3):
+            data, offset = payload(f"r{i}")
+            publishing.take(0, data, offset, time.monotonic_ns())
+        assert publishing.drain(2.0) == 0  # everything published in time
+        assert [r["request_id"] for r in envelopes(received(sub))] == ["r0", "r1", "r2"]
+        queue = publishing.queues[0]
+        assert queue.closed and not queue.offer(b"late")
+        assert queue.dropped["closed"] == 1
+        assert cp.read_checkpoint(path).taps[0].published == 3

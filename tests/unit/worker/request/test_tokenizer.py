@@ -1,0 +1,59 @@
+"""Model loading: ids come from tokenizer.json as written, as Dynamo encodes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from tokenizers import Tokenizer, normalizers
+
+from shadow_proxy.devtools import modeldirs
+from shadow_proxy.worker.request.tokenizer import ModelLoadError, checksum, load_model
+
+
+class TestEncodeFollowsTokenizerJson:
+    """transformers may replace a family's pre-tokenizer; the proxy must not."""
+
+    def test_qwen2_model_type_does_not_change_ids(self, model_dirs, tmp_path):
+        model_dir = tmp_path / "odd"
+        shutil.copytree(model_dirs["chatml"], model_dir)
+        # A tokenizer.json whose normalizer differs from Qwen2's (no NFC).
+        backend = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        backend.normalizer = normalizers.Sequence([])
+        backend.save(str(model_dir / "tokenizer.json"))
+        config = json.loads((model_dir / "config.json").read_text())
+        assert config["model_type"] == "qwen2"
+
+        model = load_model("odd", str(model_dir))
+        text = "cafe\u0301 nai\u0308ve"  # decomposed accents: NFC would compose them
+        as_written = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        assert model.encode(text) == as_written.encode(text, add_special_tokens=False).ids
+        via_transformers = model.tokenizer.encode(text, add_special_tokens=False)
+        assert via_transformers != model.encode(text), "the trap this test guards is gone"
+
+
+class TestModelLoading:
+    """Loading reads EOS ids, context length and a stable checksum from the model directory."""
+
+    def test_eos_ids_are_the_ordered_union(self, loaded):
+        assert loaded["deepseek"].eos_token_ids == (1,)
+        tok = loaded["chatml"].tokenizer
+        ids = (tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>"))
+        assert loaded["chatml"].eos_token_ids == ids
+
+    def test_context_length_from_config_unless_given(self, model_dirs, loaded):
+        assert loaded["deepseek"].context_length == modeldirs.DEEPSEEK_CONTEXT_LENGTH
+        assert loaded["chatml"].context_length == modeldirs.CHATML_CONTEXT_LENGTH
+        assert load_model("c", str(model_dirs["chatml"]), 100).context_length == 100
+
+    def test_checksum_is_stable_and_differs_between_models(self, model_dirs, loaded):
+        assert loaded["chatml"].mdc_sum == checksum(model_dirs["chatml"])
+        assert len(loaded["chatml"].mdc_sum) == 16
+        assert loaded["chatml"].mdc_sum != loaded["deepseek"].mdc_sum
+
+    def test_missing_directory_says_so_without_network(self, tmp_path):
+        with pytest.raises(ModelLoadError, match="absent for model 'm' does not exist"):
+            load_model("m", str(tmp_path / "absent"), None)
+        with pytest.raises(ModelLoadError, match="point `tokenizer` at a local"):
+            load_model("m", "no-such-org/no-such-model", None)

@@ -1,0 +1,257 @@
+"""The response recorder: a stream read as the client received it, per choice, any chunking."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker.response.recorder import ResponseRecorder
+from tests.support.responses import (
+    CHAT_STREAM,
+    JSON,
+    SSE,
+    chat,
+    comp,
+    encode,
+    has_none,
+    observe,
+    record,
+    sse,
+)
+
+
+class TestComplete:
+    """A stream or body whose requested choices all finished is complete."""
+
+    def test_chat_stream(self) -> None:
+        obs = observe(*CHAT_STREAM)
+        assert obs.outcome == "complete"
+        assert obs.done_seen
+        rec = record(obs)
+        assert rec == {
+            "outcome": "complete",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "output_tokens": 4,
+                    "token_ids": encode("Hello wörld"),
+                    "text": "Hello wörld",
+                }
+            ],
+            "output_tokens": 4,
+            "first_token_offset_ns": 20,
+            "last_token_offset_ns": 30,
+            "end_offset_ns": 1000,
+            "chunk_offsets_ns": [20, 20, 30],
+            "http_status": 200,
+            "usage": {"prompt_tokens": 5, "completion_tokens": 4},
+            "upstream_id": "chatcmpl-7",
+            "token_ids_source": "retokenized",
+            "output_tokens_source": "usage",
+        }
+        assert not has_none(rec)
+        assert obs.choices[0].content_chunks == 3
+
+    def test_completions_stream_with_crlf(self) -> None:
+        body = sse(comp("a"), comp("b"), comp("", finish="length"), eol="\r\n")
+        obs = observe(body, route=Route.COMPLETIONS)
+        assert obs.outcome == "complete"
+        rec = record(obs)
+        assert rec["choices"] == [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "output_tokens": 2,
+                "token_ids": encode("ab"),
+                "text": "ab",
+            }
+        ]
+        assert rec["upstream_id"] == "cmpl-3"
+
+    def test_chat_unary(self) -> None:
+        body = {
+            "id": "chatcmpl-u",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "Hi"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+        }
+        raw = json.dumps(body).encode()
+        obs = observe(raw[:7], raw[7:], ctype="application/json; charset=utf-8")
+        assert obs.outcome == "complete"
+        rec = record(obs)
+        assert rec["choices"] == [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "output_tokens": 1,
+                "token_ids": encode("Hi"),
+                "text": "Hi",
+            }
+        ]
+        assert rec["first_token_offset_ns"] == rec["last_token_offset_ns"] == 20
+        assert rec["upstream_id"] == "chatcmpl-u"
+
+    def test_completions_unary_n2(self) -> None:
+        body = {
+            "id": "cmpl-u",
+            "choices": [
+                {"index": 1, "text": "yy", "finish_reason": "stop"},
+                {"index": 0, "text": "x", "finish_reason": "length"},
+            ],
+        }
+        obs = observe(json.dumps(body).encode(), route=Route.COMPLETIONS, n=2, ctype=JSON)
+        assert obs.outcome == "complete"
+        rec = record(obs)
+        assert [c["index"] for c in rec["choices"]] == [0, 1]
+        assert [c["output_tokens"] for c in rec["choices"]] == [1, 2]
+        assert rec["output_tokens"] == 3
+
+
+class TestContent:
+    """What counts as output: content, reasoning, tool calls, upstream ids."""
+
+    def test_tool_call_deltas(self) -> None:
+        call = {"index": 0, "id": "call_1", "type": "function"}
+        body = sse(
+            chat(tool_calls=[{**call, "function": {"name": "get_weather", "arguments": ""}}]),
+            chat(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}]),
+            chat(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}]),
+            chat(finish="tool_calls"),
+        )
+        obs = observe(body)
+        assert obs.outcome == "complete"
+        assert obs.choices[0].text == 'get_weather{"city": "Paris"}'
+        assert obs.choices[0].content_chunks == 3
+        assert obs.choices[0].finish_reason == "tool_calls"
+
+    def test_reasoning_content_and_reasoning(self) -> None:
+        body = sse(
+            chat(reasoning_content="think "),
+            chat(reasoning="more "),
+            chat(reasoning_content="same ", reasoning="same "),
+            chat("answer", finish="stop"),
+        )
+        obs = observe(body)
+        assert obs.choices[0].text == "think more same answer"
+        assert obs.first_token_offset_ns == 10
+
+    def test_usage_only_chunk_is_not_content(self) -> None:
+        usage = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+        obs = observe(
+            sse(chat("ab", finish="stop")), sse({"id": "c", "choices": [], "usage": usage})
+        )
+        assert obs.usage == usage
+        assert obs.last_token_offset_ns == 10
+        assert list(obs.chunk_offsets_ns) == [10]
+        assert record(obs)["output_tokens"] == 2
+
+    def test_malformed_json_is_counted_not_fatal(self) -> None:
+        obs = observe(sse(chat("a"), "{not json", "[1, 2]", chat(finish="stop")))
+        assert obs.outcome == "complete"
+        assert obs.malformed_events == 2
+
+    def test_upstream_token_ids(self) -> None:
+        """vLLM's ``return_token_ids``: ids on the choice, used as they are."""
+        body = sse(
+            {
+                "id": "x",
+                "choices": [{"index": 0, "delta": {"content": "ab"}, "token_ids": [11, 12]}],
+            },
+            {"id": "x", "choices": [{"index": 0, "delta": {"content": "c"}, "token_ids": [13]}]},
+            {"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        )
+        obs = observe(body)
+        calls: list[str] = []
+
+        def spy(text: str) -> list[int]:
+            calls.append(text)
+            return encode(text)
+
+        rec = obs.finalize(spy).to_record(tokens=True, text=False, max_tokens=2, chunk_timing=False)
+        assert calls == []
+        assert rec["token_ids_source"] == "upstream"
+        assert rec["choices"] == [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "output_tokens": 3,
+                "token_ids": [11, 12],
+                "truncated": True,
+            }
+        ]
+        assert "chunk_offsets_ns" not in rec
+
+    def test_nvext_token_ids_are_prompt_ids_not_output(self) -> None:
+        chunk = chat("ab", finish="stop") | {"nvext": {"token_ids": [1, 2, 3, 4, 5]}}
+        rec = record(observe(sse(chunk)))
+        assert rec["token_ids_source"] == "retokenized"
+        assert rec["choices"][0]["token_ids"] == encode("ab")
+
+
+# A stream exercising multi-byte text, two choices, tool calls, ids, usage.
+PROPERTY_STREAM = (
+    sse(
+        chat(role="assistant", content=""),
+        chat("Grüße ", index=0),
+        chat("🙂✓", index=1),
+        chat(reasoning_content="hmm", index=0),
+        chat(tool_calls=[{"index": 0, "function": {"name": "f", "arguments": "{}"}}], index=1),
+        "{broken",
+        chat("end", index=0, finish="stop"),
+        chat(index=1, finish="tool_calls"),
+        {"id": "x", "choices": [], "usage": {"completion_tokens": 12}},
+        eol="\r\n",
+    )
+    + b": trailing comment\r\n\r\n"
+)
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = sorted({min(c, len(data)) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *bounds], [*bounds, len(data)], strict=True)]
+
+
+def _same_offset_record(chunks: list[bytes], encoding: str = "") -> dict[str, Any]:
+    recorder = ResponseRecorder(Route.CHAT, 2, chunk_timing=True)
+    recorder.head(200, SSE, encoding, 0)
+    for chunk in chunks:
+        recorder.feed(chunk, 7)
+    return record(recorder.finish(EndKind.CLEAN, 9))
+
+
+REFERENCE = _same_offset_record([PROPERTY_STREAM])
+
+
+GZIPPED = gzip.compress(PROPERTY_STREAM)
+
+
+class TestAnySplit:
+    """Any split of the body into chunks yields the same record."""
+
+    def test_reference_is_what_we_expect(self) -> None:
+        assert REFERENCE["outcome"] == "complete"
+        assert [c["text"] for c in REFERENCE["choices"]] == ["Grüße hmmend", "🙂✓f{}"]
+        assert REFERENCE["output_tokens"] == 12
+        assert not has_none(REFERENCE)
+
+    @settings(max_examples=100, deadline=None)
+    @given(cuts=st.lists(st.integers(min_value=0, max_value=len(PROPERTY_STREAM)), max_size=20))
+    def test_plain(self, cuts: list[int]) -> None:
+        assert _same_offset_record(_split(PROPERTY_STREAM, cuts)) == REFERENCE
+
+    @settings(max_examples=60, deadline=None)
+    @given(cuts=st.lists(st.integers(min_value=0, max_value=len(GZIPPED)), max_size=20))
+    def test_gzip(self, cuts: list[int]) -> None:
+        assert _same_offset_record(_split(GZIPPED, cuts), "gzip") == REFERENCE

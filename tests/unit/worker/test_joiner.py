@@ -1,0 +1,194 @@
+"""The join, without sockets: hand-off messages in (built with ``channel.frames``),
+tap offers out. Every request a tap takes gets exactly one record or one counted
+drop, whatever the response does."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.config import Config
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.records import wire
+from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker.request.tokenizer import LoadedModel
+from tests.support.servers import proxy_config
+
+ARRIVAL_NS = 1_700_000_000_000_000_000
+
+
+def config(*taps: dict[str, Any], **options: Any) -> Config:
+    endpoints = [dict(tap, endpoint=f"inproc://{tap['name']}") for tap in taps]
+    models = {"deepseek": "/unused", "chatml": "/unused"}  # only deepseek is loaded
+    return proxy_config("http://127.0.0.1:9", models=models, taps=endpoints, **options)
+
+
+REQUEST_TAP = {"name": "kv", "capture": "request"}
+JOINED_TAP = {"name": "replay", "capture": "request_response", "response": {"text": True}}
+
+
+def key(n: int) -> bytes:
+    return hf.KEY.pack(n)
+
+
+def request(n: int, body: dict[str, Any], *, lost_before: int = 0, rid: str = "") -> list[bytes]:
+    meta = hf.REQUEST_META.pack(Route.CHAT, ARRIVAL_NS, time.monotonic_ns(), lost_before)
+    return [
+        hf.KIND_REQUEST + key(n) + meta,
+        (rid or f"req-{n}").encode(),
+        json.dumps(body).encode(),
+    ]
+
+
+def chat_body(model: str = "deepseek", content: str = "Hello there") -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], "stream": True,
+            "max_tokens": 4}  # fmt: skip
+
+
+def event(content: str | None = None, finish: str | None = None, **extra: Any) -> bytes:
+    delta = {"content": content} if content is not None else {}
+    obj = {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+           **extra}  # fmt: skip
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+HEAD = hf.pack_head(200, 1_000, "text/event-stream", "")
+
+
+def chunks(n: int, data: list[bytes], head: bytes = b"") -> list[bytes]:
+    index, joined = hf.pack_chunks([2_000 + i for i in range(len(data))], data)
+    return [hf.KIND_CHUNK + key(n), head, index, joined]
+
+
+def end(n: int, data: list[bytes], kind: EndKind = EndKind.CLEAN, head: bytes = b"",
+        detail: str = "") -> list[bytes]:  # fmt: skip
+    index, joined = hf.pack_chunks([5_000 + i for i in range(len(data))], data)
+    meta = hf.END_META.pack(kind, 9_000)
+    return [hf.KIND_END + key(n) + meta, head, detail.encode(), index, joined]
+
+
+def records(joiner: Joiner, tap: str) -> list[dict[str, Any]]:
+    [queue] = [t.queue for t in joiner.taps if t.config.name == tap]
+    return [wire.decode_envelope(item) for item in queue.items]
+
+
+def queue(joiner: Joiner, tap: str):
+    return next(t.queue for t in joiner.taps if t.config.name == tap)
+
+
+@pytest.fixture
+def models(loaded: dict[str, LoadedModel]) -> dict[str, LoadedModel]:
+    return {"deepseek": loaded["deepseek"]}
+
+
+class TestJoin:
+    """A request tap is offered at the request; a joined tap at the end, once."""
+
+    def test_request_then_joined_record(self, models) -> None:
+        joiner = Joiner(config(REQUEST_TAP, JOINED_TAP), models)
+        joiner.handle(request(1, chat_body(), rid="client-id"))
+        [kv] = records(joiner, "kv")
+        assert (kv["tap"], kv["seq"], kv["request_id"], kv["origin"]) == (
+            "kv", 0, "client-id", "chat",
+        )  # fmt: skip
+        assert kv["arrival_unix_ns"] == ARRIVAL_NS and "response" not in kv
+        assert records(joiner, "replay") == []  # waits for the response
+        joiner.handle(chunks(1, [event("Hel"), event("lo")], head=HEAD))
+        joiner.handle(end(1, [event(finish="length"), b"data: [DONE]\n\n"]))
+        [replay] = records(joiner, "replay")
+        response = replay["response"]
+        assert (response["outcome"], response["http_status"]) == ("complete", 200)
+        assert response["choices"][0]["text"] == "Hello"
+        assert replay["request"]["token_ids"] == kv["request"]["token_ids"]
+        assert joiner.pending == {}
+
+    def test_chunks_of_an_unknown_request_are_ignored(self, models) -> None:
+        joiner = Joiner(config(JOINED_TAP), models)
+        joiner.handle(chunks(7, [event("x")], head=HEAD))
+        joiner.handle(end(7, []))
+        assert records(joiner, "replay") == [] and queue(joiner, "replay").next_seq == 0
+
+    def test_a_request_not_mirrored_takes_no_seq(self, models) -> None:
+        joiner = Joiner(config(REQUEST_TAP), models)
+        joiner.handle(request(1, chat_body(model="unlisted")))
+        joiner.handle(request(2, chat_body()))
+        assert [r["seq"] for r in records(joiner, "kv")] == [0]
+        reasons = joiner.metrics.registry.get_sample_value
+        assert reasons("shadow_not_mirrored_total", {"reason": "unknown_model"}) == 1
+
+    def test_a_tap_for_other_models_skips(self, models) -> None:
+        joiner = Joiner(config(REQUEST_TAP, {**REQUEST_TAP, "name": "other",
+                                             "models": ["chatml"]}), models)  # fmt: skip
+        joiner.handle(request(1, chat_body()))
+        assert len(records(joiner, "kv")) == 1
+        assert records(joiner, "other") == [] and queue(joiner, "other").skipped == {"models": 1}
+
+
+class TestLosses:
+    """What cannot be recorded is dropped with its reason, its seq taken."""
+
+    def test_requests_lost_in_the_hand_off(self, models) -> None:
+        joiner = Joiner(config(REQUEST_TAP, JOINED_TAP), models)
+        joiner.handle(request(1, chat_body(), lost_before=2))
+        for name in ("kv", "replay"):
+            assert queue(joiner, name).dropped["handoff_full"] == 2
+        assert [r["seq"] for r in records(joiner, "kv")] == [2]  # 0 and 1: the gap
+        joiner.handle(request(2, chat_body(), lost_before=2))  # the same count: no new loss
+        assert queue(joiner, "kv").dropped["handoff_full"] == 2
+
+    def test_a_lost_capture_drops_the_joined_record(self, models) -> None:
+        joiner = Joiner(config(REQUEST_TAP, JOINED_TAP), models)
+        joiner.handle(request(1, chat_body()))
+        joiner.handle(end(1, [], kind=EndKind.CAPTURE_LOST))
+        assert records(joiner, "replay") == []
+        assert queue(joiner, "replay").dropped["handoff_full"] == 1
+        assert queue(joiner, "replay").next_seq == 1
+        assert len(records(joiner, "kv")) == 1
+
+    def test_the_oldest_open_request_is_evicted(self, models) -> None:
+        joiner = Joiner(config(JOINED_TAP, worker={"max_in_flight": 1}), models)
+        joiner.handle(request(1, chat_body()))
+        joiner.handle(request(2, chat_body()))
+        assert list(joiner.pending) == [key(2)]
+        assert queue(joiner, "replay").dropped["evicted"] == 1
+        assert joiner.metrics.registry.get_sample_value("shadow_worker_evicted_total") == 1
+        joiner.handle(end(1, [event("late", finish="length")], head=HEAD))  # gone: ignored
+        assert records(joiner, "replay") == []
+
+    def test_open_requests_get_a_shutdown_record(self, models) -> None:
+        joiner = Joiner(config(JOINED_TAP), models)
+        joiner.handle(request(1, chat_body()))
+        joiner.handle(chunks(1, [event("Hi")], head=HEAD))
+        joiner.finish_pending()
+        [record] = records(joiner, "replay")
+        assert record["response"]["outcome"] == "error"
+        assert record["response"]["error"] == "proxy shut down"
+        assert joiner.pending == {}
+
+
+class TestPromptTokenCheck:
+    """The rebuilt prompt length is compared with the frontend's ``usage``."""
+
+    @pytest.mark.parametrize("joined", [True, False], ids=["joined-tap", "tail-only"])
+    @pytest.mark.parametrize("offset", [0, 1], ids=["equal", "differs"])
+    def test_checked(self, models, joined: bool, offset: int) -> None:
+        joiner = Joiner(config(JOINED_TAP if joined else REQUEST_TAP), models)
+        joiner.handle(request(1, chat_body()))
+        prompt = joiner.pending[key(1)].prompt_tokens
+        usage = {"prompt_tokens": prompt + offset, "completion_tokens": 1, "total_tokens": 9}
+        joiner.handle(end(1, [event("a", finish="length"), event(usage=usage)], head=HEAD))
+        value = joiner.metrics.registry.get_sample_value
+        assert value("shadow_prompt_token_checks_total", {"model": "deepseek"}) == 1
+        mismatches = value("shadow_prompt_token_mismatches_total", {"model": "deepseek"})
+        assert (mismatches or 0) == offset
+
+    def test_without_usage_nothing_is_checked(self, models) -> None:
+        joiner = Joiner(config(REQUEST_TAP), models)
+        joiner.handle(request(1, chat_body()))
+        joiner.handle(end(1, [event("a", finish="length")], head=HEAD))
+        value = joiner.metrics.registry.get_sample_value
+        assert value("shadow_prompt_token_checks_total", {"model": "deepseek"}) is None

@@ -1,0 +1,109 @@
+"""The worker main's own part of the loop: the hello of the hand-off (what dead
+predecessors left to announce), routing to the pool, the serving loop's last
+message, and the serving process going away. (The main with its shards, for real:
+tests/integration/test_worker_pool.py.)"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import msgpack
+import zmq
+from prometheus_client import CollectorRegistry
+
+from shadow_proxy.channel import checkpoint as cp
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.config import Config
+from shadow_proxy.devtools.processes import reserve_endpoint
+from shadow_proxy.worker.main import Main
+from shadow_proxy.worker.metrics import WorkerMetrics
+from shadow_proxy.worker.publishing import Publishing
+
+
+class RoutedTo:
+    """Stands for the pool: keeps what the main routes to it."""
+
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+
+    def route(self, message: bytes) -> None:
+        self.messages.append(message)
+
+
+def message(*frames: bytes) -> bytes:
+    return b"".join(hf.stream_buffers(list(frames))[0])
+
+
+def serving_side(path: str, *messages: bytes) -> threading.Thread:
+    """Accepts the main's connection, writes ``messages``, then closes."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(b"".join(messages))
+        conn.close()
+        listener.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def main_for(context: zmq.Context) -> tuple[Main, RoutedTo]:
+    config = Config.from_mapping(
+        {
+            "schema_version": 1,
+            "upstream": {"url": "http://127.0.0.1:1"},
+            "taps": [{"name": "kv", "capture": "request", "endpoint": reserve_endpoint()}],
+        }
+    )
+    publishing = Publishing(config, context, CollectorRegistry())
+    pool = RoutedTo()
+    return Main(config, publishing, pool, WorkerMetrics(publishing.queues)), pool  # type: ignore[arg-type]
+
+
+class TestHandoff:
+    def test_hello_then_messages_then_the_last(self, tmp_path) -> None:
+        context = zmq.Context()
+        main, pool = main_for(context)
+        dead = cp.TapState(name="kv", publisher_id=5, next_seq=9, dropped={"worker_died": 2})
+        hello = msgpack.packb({"generation": 3, "lost_base": 4, "tombstones": [cp.to_plain(dead)]})
+        q = message(hf.KIND_REQUEST + hf.KEY.pack(1) + b"meta", b"rid", b"{}")
+        path = str(tmp_path / "h")
+        thread = serving_side(
+            path, message(hf.KIND_HELLO + hf.KEY.pack(0), hello), q, message(hf.LAST_MESSAGE)
+        )
+        try:
+            main.connect(path)
+            assert main.publishing.lost_seen == 4  # counted by the dead worker's final state
+            assert [beat.publisher_id for _, beat, _ in main.publishing._tombstones] == [5]
+            while not main.last_seen:
+                main.handoff.setblocking(True)
+                main.read_handoff()
+            assert pool.messages == [q]
+            assert not main.parent_gone
+        finally:
+            thread.join(5)
+            main.handoff.close()
+            main.publishing.close()
+            context.term()
+
+    def test_the_serving_process_going_away(self, tmp_path) -> None:
+        context = zmq.Context()
+        main, _ = main_for(context)
+        path = str(tmp_path / "h")
+        hello = msgpack.packb({"generation": 1, "lost_base": 0, "tombstones": []})
+        thread = serving_side(path, message(hf.KIND_HELLO + hf.KEY.pack(0), hello))
+        try:
+            main.connect(path)
+            thread.join(5)
+            main.handoff.setblocking(True)
+            main.read_handoff()
+            assert main.parent_gone and not main.last_seen
+        finally:
+            main.handoff.close()
+            main.publishing.close()
+            context.term()
