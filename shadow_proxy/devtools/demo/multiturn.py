@@ -41,7 +41,7 @@ from shadow_proxy.records.wire import WireError, decode_envelope
 
 BLOCK_SIZES = (16, 64)
 #: LRU cache sizes shown, in tokens.
-CAPACITIES_TOKENS = (2048, 8192, 32768)
+CAPACITIES_TOKENS = (4096, 8192, 16384, 32768)
 ANALYZE_TIMEOUT_S = 120.0
 
 

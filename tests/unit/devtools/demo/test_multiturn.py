@@ -117,7 +117,9 @@ class TestAddReuse:
         assert rows[16]["requests"] == rows[64]["requests"] == 4
         assert rows[16]["prompt_tokens"] == 224
         assert rows[16]["hit_rate_infinite"] == pytest.approx(128 / 224)
-        assert rows[16]["lru"] == {str(t): pytest.approx(128 / 224) for t in (2048, 8192, 32768)}
+        assert rows[16]["lru"] == {
+            str(t): pytest.approx(128 / 224) for t in (4096, 8192, 16384, 32768)
+        }
         assert rows[64]["hit_rate_infinite"] == 0.0
         assert result["sessions"]["sessions"] == 2
         assert result["reuse"]["command"].startswith(
