@@ -155,4 +155,5 @@ def tap_totals(summary: dict[str, Any]) -> dict[str, Any]:
     )
     totals = {k: summary.get(k) for k in keys}
     totals["publishers"] = len(summary.get("publishers", []))
+    totals["source"] = summary.get("source")
     return totals

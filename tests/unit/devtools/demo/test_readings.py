@@ -55,8 +55,17 @@ class TestConsumerTotals:
         assert read_summary(path) == {"records": 3}
 
     def test_tap_totals(self) -> None:
-        totals = tap_totals({"records": 3, "tap_gaps": 1, "extra": 9, "publishers": [{}, {}]})
+        totals = tap_totals(
+            {
+                "records": 3,
+                "tap_gaps": 1,
+                "extra": 9,
+                "publishers": [{}, {}],
+                "source": "stream S subject shadow.t durable d at nats://h:1",
+            }
+        )
         assert totals["records"] == 3 and totals["tap_gaps"] == 1 and totals["publishers"] == 2
+        assert totals["source"] == "stream S subject shadow.t durable d at nats://h:1"
         assert "extra" not in totals and totals["outcomes"] is None
 
 
