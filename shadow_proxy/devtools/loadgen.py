@@ -5,9 +5,10 @@ Used by the demo and the benchmarks. Prompts are built before the clock starts
 when ``tokens_per_word`` is measured for it with ``tokens_per_word_of``; the
 default 1.0 holds for the common BPE vocabularies), then ``concurrency``
 workers send ``requests`` requests and record per request: status, time to
-first byte of the body (for streams: the first SSE event, i.e. time to first
-token), end-to-end time, the frontend's ``usage`` and whether the client
-cancelled it on purpose.
+first token (for streams: the first chunk that carries content, so that the
+Responses API's ``response.created`` event, sent before any token, does not
+count; unary: the whole body), end-to-end time, the frontend's ``usage`` and
+whether the client cancelled it on purpose.
 
 Cancelling is deterministic: request ``i`` is cancelled when
 ``(i * 7919) % 1000 < cancel_fraction * 1000`` (spread over the run). A
@@ -267,11 +268,13 @@ async def _exchange(
         result.request_id = response.headers.get("x-request-id", "")
         chunks = []
         if spec.stream:
+            marks = CONTENT_MARKS[spec.api]
             async for chunk in response.content.iter_any():
-                if result.ttft_s is None:
+                content = any(mark in chunk for mark in marks)
+                if result.ttft_s is None and content:
                     result.ttft_s = time.perf_counter() - started
                 chunks.append(chunk)
-                if cancel and any(mark in chunk for mark in CONTENT_MARKS[spec.api]):
+                if cancel and content:
                     result.cancelled = True
                     response.close()
                     break

@@ -483,9 +483,12 @@ class TestOutcomes:
 
 
 class TestDemo:
-    """Issue 6: the demo's three reference runs in front of Dynamo hold their accounting."""
+    """Issues 6, 15 and 16: the demo's four reference runs (the fourth on the Responses
+    API) and its multi-turn run in front of Dynamo hold their accounting; the replay
+    run, which needs built-in frontends, is left out and says so."""
 
-    def test_reference_runs(self, dynamo: Dynamo, tmp_path: Path) -> None:
+    @pytest.mark.timeout(600)
+    def test_reference_and_multi_turn_runs(self, dynamo: Dynamo, tmp_path: Path) -> None:
         """``shadow-proxy demo --frontend`` (its own proxy and consumers, as
         processes) against the module's Dynamo; the tables are printed (``-s``)
         and kept in ``demo-tables.txt`` of the test's tmp dir."""
@@ -497,6 +500,7 @@ class TestDemo:
             "--frontend", dynamo.base_url,
             "--model", "deepseek",
             "--tokenizer", str(MODELS / "deepseek"),
+            "--out", str(tmp_path / "out"),
             "--json", str(results),
         ]  # fmt: skip
         status = run_demo(argv, out=out)
@@ -504,13 +508,18 @@ class TestDemo:
         (tmp_path / "demo-tables.txt").write_text(tables, encoding="utf-8")
         print(tables)
         assert status == 0, tables
+        assert "left out: the replay run needs the built-in frontends" in tables
         runs = json.loads(results.read_text())["runs"]
-        assert [(r["load"]["stream"], r["load"]["cancel_fraction"]) for r in runs] == [
-            (True, 0.0),
-            (False, 0.0),
-            (True, 0.25),
-        ]
-        for run in runs:
+        reference, multi = runs[:4], runs[4:]
+        assert [(r["load"]["api"], r["load"]["stream"], r["load"]["cancel_fraction"])
+                for r in reference] == [
+            ("chat", True, 0.0),
+            ("chat", False, 0.0),
+            ("chat", True, 0.25),
+            ("responses", True, 0.25),
+        ]  # fmt: skip
+        spec = LoadSpec(url="", model="deepseek", cancel_fraction=0.25)
+        for run in reference:
             clients, taps = run["clients"], run["taps"]
             assert clients["requests"] == 200
             assert clients["errors"] == 0
@@ -524,9 +533,30 @@ class TestDemo:
             assert outcomes.get("cancelled", 0) == clients["cancelled"]
             assert outcomes.get("complete", 0) == 200 - clients["cancelled"]
             assert run["proxy"]["prompt_token_mismatches"] == 0
+            route = run["load"]["api"]
+            assert run["proxy"]["requests"][f"{route} 2xx"] == clients["ok"]
             if run["load"]["cancel_fraction"]:
-                spec = LoadSpec(url="", model="deepseek", cancel_fraction=0.25)
                 assert clients["cancelled"] == sum(map(spec.cancels, range(200))) > 0
+                # Cancelled requests' prompts: Dynamo asked again (usage.input_tokens
+                # for the Responses API).
+                assert clients["prompt_tokens_asked_again"] == clients["cancelled"]
             else:
                 assert clients["cancelled"] == 0
                 assert clients["prompt_tokens"] == clients["frontend_prompt_tokens"]
+        (run,) = multi
+        clients, taps = run["clients"], run["taps"]
+        assert (run["kind"], clients["requests"], clients["ok"]) == ("multi-turn", 160, 160)
+        for name in (REQUESTS, JOINED):
+            assert taps[name]["records"] == 160
+            assert taps[name]["prompt_tokens"] == clients["frontend_prompt_tokens"]
+        assert taps[JOINED]["outcomes"] == {"complete": 160}
+        assert run["proxy"]["prompt_token_mismatches"] == 0
+        # The session header reached the records (Dynamo reads it too), and every
+        # turn resent its conversation's history.
+        assert run["sessions"]["sessions"] == 20 and run["sessions"]["turns_per_session"] == [8]
+        assert run["sessions"]["turns_not_extending"] == 0
+        for row in run["reuse"]["block_sizes"]:
+            assert row["requests"] == 160
+            assert row["prompt_tokens"] == clients["frontend_prompt_tokens"]
+            assert 0.5 < row["hit_rate_infinite"] < 1
+        assert run["exit_status"]["shadow-trace"] == 0

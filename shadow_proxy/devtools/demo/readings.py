@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import attrs
 
-from shadow_proxy.devtools.loadgen import LoadSpec, Report, make_body
+from shadow_proxy.devtools.loadgen import PATHS, LoadSpec, Report, make_body, usage_of
 
 
 def read_summary(path: Path) -> dict[str, Any] | None:
@@ -30,39 +31,54 @@ def read_summary(path: Path) -> dict[str, Any] | None:
         return None
 
 
+#: Builds the body that asks the frontend again for request ``index``'s prompt
+#: tokens: ``(path, body)``, or None when the request cannot be sent again.
+Probe = Callable[[int], tuple[str, bytes] | None]
+
+
+def load_probe(spec: LoadSpec) -> Probe:
+    """The probe of a ``loadgen`` load: the same prompt, unary, for one token."""
+    probe = attrs.evolve(spec, stream=False, output_tokens=1, cancel_fraction=0.0)
+    path = PATHS[spec.api]
+    return lambda index: (path, make_body(probe, index))
+
+
 async def frontend_prompt_tokens(
-    frontend: str, spec: LoadSpec, report: Report
+    frontend: str, report: Report, probe: Probe, headers: Mapping[str, str] | None = None
 ) -> tuple[int, int, int]:
     """What the frontend reports as prompt tokens, over every request sent.
 
     Answers that carried ``usage`` count as they are. A request without it (the
-    client cancelled it, or it failed) is sent again with the same prompt,
-    straight to the frontend (not through the proxy), unary, for one token, and
-    its ``usage.prompt_tokens`` counts. Returns (total, requests asked again,
-    requests still without a count).
+    client cancelled it, or it failed) is sent again with the same prompt
+    (``probe``), straight to the frontend (not through the proxy), unary, for
+    one token, and its ``usage`` prompt tokens count (``input_tokens`` for the
+    Responses API). Returns (total, requests asked again, requests still
+    without a count).
     """
     total = sum(r.usage.get("prompt_tokens", 0) for r in report.results if r.usage)
     missing = [r.index for r in report.results if not r.usage]
     if not missing:
         return total, 0, 0
-    probe = attrs.evolve(spec, url=frontend, stream=False, output_tokens=1, cancel_fraction=0.0)
-    path = "/v1/chat/completions" if spec.api == "chat" else "/v1/completions"
-    limit = asyncio.Semaphore(max(1, min(8, spec.concurrency)))
+    limit = asyncio.Semaphore(max(1, min(8, report.spec.concurrency)))
     uncounted = 0
 
     async def ask(session: aiohttp.ClientSession, index: int) -> int | None:
+        request = probe(index)
+        if request is None:
+            return None
+        path, body = request
         async with limit:
             try:
                 async with session.post(
                     frontend + path,
-                    data=make_body(probe, index),
-                    headers={"Content-Type": "application/json", **spec.headers},
+                    data=body,
+                    headers={"Content-Type": "application/json", **(headers or {})},
                 ) as response:
-                    body = await response.json(content_type=None)
+                    answer = await response.json(content_type=None)
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 return None
-        usage = body.get("usage") if isinstance(body, dict) else None
-        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        usage = usage_of(answer)
+        count = usage.get("prompt_tokens") if usage else None
         return count if type(count) is int else None
 
     timeout = aiohttp.ClientTimeout(total=60)
@@ -139,4 +155,5 @@ def tap_totals(summary: dict[str, Any]) -> dict[str, Any]:
     )
     totals = {k: summary.get(k) for k in keys}
     totals["publishers"] = len(summary.get("publishers", []))
+    totals["source"] = summary.get("source")
     return totals

@@ -1,8 +1,11 @@
 """The processes of a demo run and the waits on them.
 
-``builtin_frontend`` runs around all the runs of one demo: it starts
-``shadow-proxy mock-frontend`` on a reserved port, yields its URL once it
-answers ``/health`` and stops it (SIGTERM) when the demo ends. ``check_frontend``
+``builtin_frontends`` runs around all the runs of one demo (the primary) and
+around the replay run (its candidate and baseline): it starts ``shadow-proxy
+mock-frontend`` processes on reserved ports, yields their URLs once they
+answer ``/health`` and stops them (SIGTERM) when done, keeping their exit
+status. ``run_tool`` runs a tool (``shadow-trace``, ``shadow-replay``) to its
+end. ``check_frontend``
 runs once when ``--frontend URL`` names a running one: it fails early, saying
 why, when that frontend does not answer or does not serve the model.
 ``wait_for_run`` is the demo's wait: it fails as soon as one of the run's
@@ -12,6 +15,7 @@ and lets the run count what arrived).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 
 from shadow_proxy.devtools.demo.runs import DemoError
 from shadow_proxy.devtools.processes import (
@@ -71,35 +76,84 @@ async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
         return None
 
 
+@attrs.frozen
+class FrontendKnobs:
+    """How a built-in frontend behaves: its pacing and its divergence."""
+
+    ttft_ms: float
+    itl_ms: float
+    diverge_fraction: float = 0.0
+    diverge_at: int = 0
+
+    def argv(self) -> list[str]:
+        argv = ["--ttft-ms", str(self.ttft_ms), "--itl-ms", str(self.itl_ms)]
+        if self.diverge_fraction:
+            argv += [
+                "--diverge-fraction", str(self.diverge_fraction),
+                "--diverge-at", str(self.diverge_at),
+            ]  # fmt: skip
+        return argv
+
+    def describe(self) -> str:
+        text = f"ttft {self.ttft_ms:g} ms, itl {self.itl_ms:g} ms"
+        if self.diverge_fraction:
+            text += f", {self.diverge_fraction:.0%} diverging at token {self.diverge_at}"
+        return text
+
+
 @contextlib.asynccontextmanager
-async def builtin_frontend(
-    models: dict[str, Path], ttft_ms: float, itl_ms: float, log_dir: Path
-) -> AsyncIterator[str]:
-    """Run ``shadow-proxy mock-frontend`` on a free port; yields its base URL."""
-    port = reserve_port()
-    argv = cli_argv("mock-frontend", "--host", "127.0.0.1", "--port", str(port))
-    for name, path in models.items():
-        argv += ["--model", f"{name}={path}"]
-    argv += ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
-    child = Child("frontend", argv, log_dir)
-    url = f"http://127.0.0.1:{port}"
-    child.start()
+async def builtin_frontends(
+    models: dict[str, Path],
+    knobs: dict[str, FrontendKnobs],
+    log_dir: Path,
+    statuses: dict[str, int],
+) -> AsyncIterator[dict[str, str]]:
+    """Run one ``shadow-proxy mock-frontend`` per entry of ``knobs`` (by name), each
+    on a reserved port, all at once; yields their base URLs by name once each
+    answers ``/health``. On the way out each is stopped (SIGTERM) and its exit
+    status goes to ``statuses[name]``."""
+    children: dict[str, Child] = {}
+    urls: dict[str, str] = {}
+    for name, knob in knobs.items():
+        port = reserve_port()
+        argv = cli_argv("mock-frontend", "--host", "127.0.0.1", "--port", str(port))
+        for model, path in models.items():
+            argv += ["--model", f"{model}={path}"]
+        children[name] = Child(name, [*argv, *knob.argv()], log_dir)
+        urls[name] = f"http://127.0.0.1:{port}"
     try:
+        for child in children.values():
+            child.start()
         async with aiohttp.ClientSession() as session:
-            await wait_for_run(
-                "the built-in frontend answering /health",
-                lambda: get_json(session, url + "/health"),
-                [child],
-                STARTUP_TIMEOUT_S,
-            )
-        yield url
+            for name, url in urls.items():
+                await wait_for_run(
+                    f"the built-in frontend {name!r} answering /health",
+                    lambda url=url: get_json(session, url + "/health"),
+                    list(children.values()),
+                    STARTUP_TIMEOUT_S,
+                )
+        yield urls
     except Exception:
-        print_tails([child])
+        print_tails(list(children.values()))
         raise
     finally:
-        status = await child.stop(STOP_TIMEOUT_S)
-        if status != 0:
-            print(f"demo: the built-in frontend exited with status {status}", file=sys.stderr)
+        for name, child in children.items():
+            status = await child.stop(STOP_TIMEOUT_S)
+            statuses[name] = status
+            if status != 0:
+                print(f"demo: the built-in frontend {name!r} exited with status {status}",
+                      file=sys.stderr)  # fmt: skip
+
+
+async def run_tool(name: str, argv: Sequence[str], log_dir: Path, timeout: float) -> Child:
+    """Run a command to its end (a tool: ``shadow-trace``, ``shadow-replay``);
+    returns the exited child (its ``exit_status``; killed after ``timeout``)."""
+    child = Child(name, argv, log_dir).start()
+    try:
+        await asyncio.to_thread(child.reap, timeout)
+    finally:
+        child.kill()
+    return child
 
 
 async def check_frontend(url: str, model: str) -> None:

@@ -1,14 +1,18 @@
 """The demo's table: one run's result as plain text.
 
-``format_table`` runs once per run, after its checks: the load, what the
-clients saw, what the proxy's ``/metrics`` say, each consumer's totals, the
-timings and the verdict (``OK: ...`` or each failure on its own line).
+``format_table`` runs once per run through the proxy, after its checks: the
+load, what the clients saw, what the proxy's ``/metrics`` say, each
+consumer's totals, any further section of the run (the multi-turn run's reuse
+summary), the timings and the verdict (``OK: ...`` or each failure on its own
+line). ``grid`` and ``number`` also serve the other runs' tables.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+TRANSPORT_NAMES = {"zmq": "ZeroMQ", "nats": "NATS JetStream"}
 
 
 def number(value: Any) -> str:
@@ -30,7 +34,7 @@ def counts(mapping: dict[str, int] | None) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in items) if items else "none"
 
 
-def _grid(rows: list[list[str]], right: Sequence[int] = (), indent: str = "  ") -> list[str]:
+def grid(rows: list[list[str]], right: Sequence[int] = (), indent: str = "  ") -> list[str]:
     """Aligned columns; the columns in ``right`` are right-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
@@ -43,21 +47,35 @@ def _grid(rows: list[list[str]], right: Sequence[int] = (), indent: str = "  ") 
     return lines
 
 
-def format_table(result: dict[str, Any]) -> str:
-    """The run as plain text: load, clients, proxy metrics, taps, verdict."""
+def format_table(result: dict[str, Any], sections: Sequence[str] = ()) -> str:
+    """The run as plain text: load, clients, proxy metrics, taps, then ``sections``
+    (the multi-turn run's reuse summary), timings and the verdict."""
     load, clients, proxy = result["load"], result["clients"], result["proxy"]
     cancel = f", {load['cancel_fraction']:.0%} cancelled" if load["cancel_fraction"] else ""
+    api = {"chat": "chat", "completions": "completions", "responses": "Responses API"}.get(
+        load.get("api", "chat"), load.get("api")
+    )
+    if result.get("kind") == "multi-turn":
+        shape = (
+            f"{load['requests']} requests ({load['conversations']} conversations at once, "
+            f"{load['turns']} turns each, every turn resending its history), OSL {load['osl']}"
+        )
+    else:
+        shape = (
+            f"{load['requests']} requests, concurrency {load['concurrency']}, "
+            f"ISL {load['isl']}, OSL {load['osl']}"
+        )
     lines = [
-        f"== {result['title']}: {load['requests']} requests, concurrency {load['concurrency']}, "
-        f"ISL {load['isl']}, OSL {load['osl']}, "
+        f"== {result['title']}: {shape}, {api}, "
         f"{'streaming' if load['stream'] else 'not streaming'}{cancel}",
-        f"   frontend {load['frontend']}, model {load['model']}",
+        f"   frontend {load['frontend']}, model {load['model']}, "
+        f"taps over {TRANSPORT_NAMES.get(load.get('transport', 'zmq'), load.get('transport'))}",
         "",
         "clients",
     ]
     asked = clients["prompt_tokens_asked_again"]
     prompt_note = f"  (+{asked} without usage, asked again)" if asked else ""
-    lines += _grid(
+    lines += grid(
         [
             [
                 "sent / ok / cancelled / errors",
@@ -102,14 +120,14 @@ def format_table(result: dict[str, Any]) -> str:
                 f"dropped {counts(tap.get('dropped'))}",
             ]
         )
-    lines += _grid([[k, v] for k, v in rows])
+    lines += grid([[k, v] for k, v in rows])
     lines += ["", "taps (consumer totals)"]
     header = ["tap", "records", "prompt tok", "output tok", "tap_gaps", "transport_gaps",
               "tail loss", "outcomes"]  # fmt: skip
-    grid = [header]
+    tap_rows = [header]
     for name, tap in result["taps"].items():
         tail = (tap.get("tail_loss") or 0) + (tap.get("transport_tail_loss") or 0)
-        grid.append(
+        tap_rows.append(
             [
                 name,
                 number(tap.get("records")),
@@ -121,7 +139,8 @@ def format_table(result: dict[str, Any]) -> str:
                 counts(tap.get("outcomes")) if tap.get("outcomes") else "-",
             ]
         )
-    lines += _grid(grid, right=range(1, 7))
+    lines += grid(tap_rows, right=range(1, 7))
+    lines += sections
     timings = result["timings_s"]
     lines += [
         "",

@@ -76,3 +76,14 @@ class TestRun:
         assert summary["completion_tokens"] == 30 * summary["ok"]
         ok = [r for r in report.results if r.ok]
         assert all(r.usage and r.usage["prompt_tokens"] > 0 and r.ttft_s for r in ok)
+
+    @pytest.mark.parametrize("api", ["chat", "completions", "responses"])
+    async def test_ttft_is_the_first_token(self, model_dirs: dict[str, Path], api: str) -> None:
+        """Time to first token waits for content: the Responses API's
+        ``response.created`` event comes before the first token and does not count."""
+        config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, ttft_ms=80)
+        async with serve_mock_frontend(config) as (url, _):
+            spec = LoadSpec(url=url, model="deepseek", requests=4, concurrency=4,
+                            prompt_tokens=20, output_tokens=2, api=api)  # fmt: skip
+            report = await run_load(spec)
+        assert all(r.ok and r.ttft_s is not None and r.ttft_s >= 0.08 for r in report.results)

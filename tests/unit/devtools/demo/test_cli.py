@@ -17,7 +17,9 @@ class TestOptions:
     @pytest.mark.parametrize(
         "argv",
         [["--requests", "0"], ["--concurrency", "-1"], ["--cancel-fraction", "1.5"],
-         ["--runs", "some"]],
+         ["--runs", "some"], ["--transport", "kafka"], ["--api", "embeddings"],
+         ["--turns", "0"], ["--conversations", "0"], ["--candidate-diverge-fraction", "2"],
+         ["--candidate-extra-ttft-ms", "-1"], ["--candidate-diverge-at", "-1"]],
     )  # fmt: skip
     def test_rejected(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as caught:
@@ -29,6 +31,10 @@ class TestOptions:
         args = build_parser().parse_args([])
         assert (args.requests, args.concurrency, args.isl, args.osl) == (200, 16, 512, 32)
         assert (args.ttft_ms, args.itl_ms, args.model) == (20.0, 5.0, "deepseek")
+        assert (args.transport, args.runs, args.out) == ("zmq", None, None)
+        assert (args.conversations, args.turns) == (20, 8)
+        assert (args.candidate_extra_ttft_ms, args.candidate_extra_itl_ms) == (50.0, 5.0)
+        assert (args.candidate_diverge_fraction, args.candidate_diverge_at) == (0.2, 4)
 
 
 class TestEarlyFailures:

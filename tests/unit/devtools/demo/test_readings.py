@@ -6,6 +6,7 @@ from pathlib import Path
 
 from shadow_proxy.devtools.demo.readings import (
     frontend_prompt_tokens,
+    load_probe,
     proxy_metrics,
     read_summary,
     tap_totals,
@@ -54,8 +55,17 @@ class TestConsumerTotals:
         assert read_summary(path) == {"records": 3}
 
     def test_tap_totals(self) -> None:
-        totals = tap_totals({"records": 3, "tap_gaps": 1, "extra": 9, "publishers": [{}, {}]})
+        totals = tap_totals(
+            {
+                "records": 3,
+                "tap_gaps": 1,
+                "extra": 9,
+                "publishers": [{}, {}],
+                "source": "stream S subject shadow.t durable d at nats://h:1",
+            }
+        )
         assert totals["records"] == 3 and totals["tap_gaps"] == 1 and totals["publishers"] == 2
+        assert totals["source"] == "stream S subject shadow.t durable d at nats://h:1"
         assert "extra" not in totals and totals["outcomes"] is None
 
 
@@ -72,11 +82,31 @@ class TestFrontendPromptTokens:
             report = await run_load(spec)
             usage = [r.usage["prompt_tokens"] for r in report.results]
             report.results[1].usage = None  # as if the client had cancelled it
-            total, asked, uncounted = await frontend_prompt_tokens(url, spec, report)
+            total, asked, uncounted = await frontend_prompt_tokens(url, report, load_probe(spec))
         assert (total, asked, uncounted) == (sum(usage), 1, 0)
+
+    async def test_responses_are_asked_again_on_their_route(
+        self, model_dirs: dict[str, Path]
+    ) -> None:
+        """The Responses API's probe goes to /v1/responses and counts ``input_tokens``."""
+        config = MockConfig(models={"deepseek": model_dirs["deepseek"]})
+        async with serve_mock_frontend(config) as (url, _):
+            spec = LoadSpec(url=url, model="deepseek", requests=3, prompt_tokens=20,
+                            output_tokens=2, api="responses")  # fmt: skip
+            report = await run_load(spec)
+            usage = [r.usage["input_tokens"] for r in report.results]
+            report.results[0].usage = report.results[2].usage = None
+            total, asked, uncounted = await frontend_prompt_tokens(url, report, load_probe(spec))
+        assert (total, asked, uncounted) == (sum(usage), 2, 0)
 
     async def test_a_frontend_that_cannot_say(self) -> None:
         spec = LoadSpec(url="", model="deepseek", requests=2)
         report = Report(spec, [Result(0, usage={"prompt_tokens": 7}), Result(1)], 1.0)
         dead = f"http://127.0.0.1:{reserve_port()}"
-        assert await frontend_prompt_tokens(dead, spec, report) == (7, 0, 1)
+        assert await frontend_prompt_tokens(dead, report, load_probe(spec)) == (7, 0, 1)
+
+    async def test_a_request_that_cannot_be_sent_again(self) -> None:
+        spec = LoadSpec(url="", model="deepseek", requests=2)
+        report = Report(spec, [Result(0, usage={"prompt_tokens": 7}), Result(1)], 1.0)
+        dead = f"http://127.0.0.1:{reserve_port()}"
+        assert await frontend_prompt_tokens(dead, report, lambda index: None) == (7, 0, 1)

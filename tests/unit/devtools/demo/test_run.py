@@ -15,21 +15,46 @@ from aiohttp import web
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.demo import run
 from shadow_proxy.devtools.demo.runs import RunOptions
+from shadow_proxy.devtools.demo.transport import nats_taps, zmq_taps
 from shadow_proxy.devtools.reference_taps import TAP_NAMES
 from tests.support.servers import serve
 
 
-def test_run_config_is_the_reference_taps_on_the_given_endpoints(tmp_path: Path) -> None:
-    options = RunOptions("t", requests=1, concurrency=1, isl=8, osl=2, stream=True,
-                         cancel_fraction=0.0, model="deepseek", tokenizer=tmp_path)  # fmt: skip
-    endpoints = ["tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002"]
-    config = Config.from_mapping(run.run_config(options, "http://f:1", 8123, endpoints))
+def _options(tmp_path: Path) -> RunOptions:
+    return RunOptions("t", requests=1, concurrency=1, isl=8, osl=2, stream=True,
+                      cancel_fraction=0.0, model="deepseek", tokenizer=tmp_path)  # fmt: skip
+
+
+def test_run_config_is_the_reference_taps_on_the_run_endpoints(tmp_path: Path) -> None:
+    taps = zmq_taps()
+    config = Config.from_mapping(run.run_config(_options(tmp_path), "http://f:1", 8123, taps))
+    endpoints = [t["endpoint"] for t in taps.taps]
     assert [(t.name, t.endpoint) for t in config.taps] == list(
         zip(TAP_NAMES, endpoints, strict=True)
     )
     assert config.listen.port == 8123 and config.upstream.url == "http://f:1"
     assert [(m.name, m.tokenizer) for m in config.models] == [("deepseek", str(tmp_path))]
     assert config.shutdown_grace_s == 5
+    assert config.nats is None
+
+
+def test_run_config_on_jetstream(tmp_path: Path) -> None:
+    """Each tap publishes to the run's stream; the nats section names the server."""
+    taps = nats_taps(["nats://127.0.0.1:4222"], 3)
+    config = Config.from_mapping(run.run_config(_options(tmp_path), "http://f:1", 8123, taps))
+    assert [(t.name, t.transport, t.subject) for t in config.taps] == [
+        (name, "nats", f"shadow.{name}") for name in TAP_NAMES
+    ]
+    assert list(config.nats.servers) == ["nats://127.0.0.1:4222"]
+    assert (config.nats.stream, config.nats.max_bytes) == ("DEMO_3", 2**30)
+
+
+def test_consumer_argv_keeps_the_records(tmp_path: Path) -> None:
+    taps = zmq_taps()
+    argv = run.consumer_argv(taps, "shadow-replay", tmp_path / "s.json", tmp_path / "r.rec")
+    assert argv[argv.index("consumer") + 1 :][:4] == taps.sources["shadow-replay"]
+    assert argv[argv.index("--record") + 1] == str(tmp_path / "r.rec")
+    assert argv[argv.index("--summary-path") + 1] == str(tmp_path / "s.json")
 
 
 class TestTapsSettled:

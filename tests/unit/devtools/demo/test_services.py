@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -9,7 +11,14 @@ import pytest
 from aiohttp import web
 
 from shadow_proxy.devtools.demo.runs import DemoError
-from shadow_proxy.devtools.demo.services import check_frontend, get_json, wait_for_run
+from shadow_proxy.devtools.demo.services import (
+    FrontendKnobs,
+    builtin_frontends,
+    check_frontend,
+    get_json,
+    run_tool,
+    wait_for_run,
+)
 from shadow_proxy.devtools.processes import WaitTimeout, reserve_port
 from tests.support.servers import serve
 
@@ -72,3 +81,48 @@ class TestWaits:
             assert await get_json(s, url + "/v1/models") is None
         async with serve(models_app({"a": 1})) as url, aiohttp.ClientSession() as s:
             assert await get_json(s, url + "/v1/models") == {"a": 1}
+
+
+class TestFrontendKnobs:
+    """The built-in frontend's options, and how the tables name them."""
+
+    def test_pacing_only(self) -> None:
+        knobs = FrontendKnobs(20.0, 5.0)
+        assert knobs.argv() == ["--ttft-ms", "20.0", "--itl-ms", "5.0"]
+        assert knobs.describe() == "ttft 20 ms, itl 5 ms"
+
+    def test_diverging(self) -> None:
+        knobs = FrontendKnobs(70.0, 10.0, 0.2, 4)
+        assert knobs.argv()[4:] == ["--diverge-fraction", "0.2", "--diverge-at", "4"]
+        assert knobs.describe() == "ttft 70 ms, itl 10 ms, 20% diverging at token 4"
+
+
+@pytest.mark.timeout(120)
+class TestProcesses:
+    """Frontends are started together and their exit status kept; a tool runs to its end."""
+
+    async def test_builtin_frontends(self, model_dirs: dict[str, Path], tmp_path: Path) -> None:
+        statuses: dict[str, int] = {}
+        knobs = {"a": FrontendKnobs(0.0, 0.0), "b": FrontendKnobs(0.0, 0.0, 1.0, 1)}
+        models = {"deepseek": model_dirs["deepseek"]}
+        async with builtin_frontends(models, knobs, tmp_path, statuses) as urls:
+            assert set(urls) == {"a", "b"} and urls["a"] != urls["b"]
+            async with aiohttp.ClientSession() as session:
+                texts = []
+                for name in ("a", "b"):
+                    body = {"model": "deepseek", "prompt": "hi", "max_tokens": 4}
+                    async with session.post(urls[name] + "/v1/completions", json=body) as r:
+                        texts.append((await r.json())["choices"][0]["text"])
+        assert texts[0] != texts[1]  # b diverges from token 1 on, for every request
+        assert texts[0][:3] == texts[1][:3]
+        assert statuses == {"a": 0, "b": 0}
+
+    async def test_run_tool(self, tmp_path: Path) -> None:
+        argv = [sys.executable, "-c", "import sys; print('x', file=sys.stderr); sys.exit(3)"]
+        child = await run_tool("tool", argv, tmp_path, 30)
+        assert child.exit_status == 3 and "x" in child.output_tail(1)
+
+    async def test_run_tool_timeout_kills(self, tmp_path: Path) -> None:
+        argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+        child = await run_tool("tool", argv, tmp_path, 0.5)
+        assert child.exit_status == -9

@@ -67,9 +67,9 @@ class TestTable:
         lines = text.splitlines()
         assert lines[0] == (
             "== streaming, 25% cancelled: 10 requests, concurrency 4, ISL 512, OSL 32, "
-            "streaming, 25% cancelled"
+            "chat, streaming, 25% cancelled"
         )
-        assert lines[1] == "   frontend http://f, model deepseek"
+        assert lines[1] == "   frontend http://f, model deepseek, taps over ZeroMQ"
         for heading in ("clients", "proxy /metrics", "taps (consumer totals)"):
             assert heading in lines
         assert "  sent / ok / cancelled / errors       10 / 8 / 2 / 0" in lines
@@ -98,4 +98,25 @@ class TestTable:
         unary["load"]["cancel_fraction"] = 0.0
         text = format_table(unary)
         assert "first byte p50 / p99 ms" in text and "TTFT" not in text
-        assert text.splitlines()[0].endswith("OSL 32, not streaming")
+        assert text.splitlines()[0].endswith("OSL 32, chat, not streaming")
+
+    def test_responses_over_jetstream(self) -> None:
+        run = result()
+        run["load"].update(api="responses", transport="nats")
+        lines = format_table(run).splitlines()
+        assert lines[0].endswith("OSL 32, Responses API, streaming, 25% cancelled")
+        assert lines[1].endswith("taps over NATS JetStream")
+
+    def test_multi_turn_and_its_sections(self) -> None:
+        """The multi-turn run names its conversations; its sections come before the
+        timings and the verdict."""
+        run = result()
+        run["kind"] = "multi-turn"
+        run["load"].update(requests=12, conversations=4, turns=3, cancel_fraction=0.0)
+        lines = format_table(run, ["", "reuse", "  the reuse grid"]).splitlines()
+        assert lines[0] == (
+            "== streaming, 25% cancelled: 12 requests (4 conversations at once, 3 turns each, "
+            "every turn resending its history), OSL 32, chat, streaming"
+        )
+        assert lines[-6:-2] == ["", "reuse", "  the reuse grid", ""]
+        assert lines[-2].startswith("timings")
