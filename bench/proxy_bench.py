@@ -26,7 +26,18 @@ Regimes:
   core 0: TTFT and end-to-end latency, requests/s, the serving loop's lag
   (``SHADOW_PROXY_LOOP_LAG=1``, histogram ``shadow_proxy_loop_lag_seconds``);
 - ``memory``: many requests with both consumers stopped versus reading: the
-  proxy's and the worker's peak RSS.
+  proxy's and the worker's peak RSS;
+- ``isolation-dynamo``: the real Dynamo frontend near saturation (mocker
+  ``--speedup-ratio 10``, ~700-word prompts, 32 output tokens, concurrency 24),
+  the proxy and its tap worker pinned to core 1, Dynamo, load and consumers to
+  core 0; no taps vs two taps (consumers reading, stopped), quiet and with a
+  CPU-bound neighbour process on the proxy's core;
+- ``scaling``, ``multiturn``, ``overload``: the tap worker's own regimes
+  (``bench/worker_bench.py``): throughput on 1 vs 2 cores, CPU per request on
+  growing conversations against a full re-encode and the frontend's own, record
+  lag and client latency when the worker cannot follow.
+
+The tap worker's CPU and RSS are its main's and its shards' together.
 
 ``--profile`` adds one unmeasured run of the ``taps`` case with py-spy
 attached to the serving process and to the tap worker, and reports their top
@@ -87,7 +98,14 @@ CASE_TITLES = {
     "proxy": "3 shadow-proxy, no taps",
     "taps": "4 two taps, consumers reading",
     "taps-stalled": "5 two taps, consumers SIGSTOPped",
+    "proxy+neighbour": "6 no taps, CPU-bound neighbour",
+    "taps+neighbour": "7 two taps reading, CPU-bound neighbour",
+    "taps-stalled+neighbour": "8 two taps stopped, CPU-bound neighbour",
 }
+#: The same cases with a CPU-bound neighbour process on the proxy's core.
+NEIGHBOUR_CASES = ("proxy+neighbour", "taps+neighbour", "taps-stalled+neighbour")
+#: A CPU-bound neighbour: a busy loop at normal priority.
+NEIGHBOUR = [sys.executable, "-c", "while True: pass"]
 #: How long a frontend or the proxy (loading its tokenizers) may take to answer.
 START_TIMEOUT_S = 120.0
 #: Isolation: the proxy and its worker on this core, everything else on the other.
@@ -105,6 +123,16 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def cpu_tree_seconds(pid: int) -> float:
+    """utime + stime of a process and of its running children (the tap worker's
+    main and its shards)."""
+    return cpu_seconds(pid) + sum(cpu_seconds(child) for child in children(pid))
+
+
+def rss_tree_mb(pid: int) -> float:
+    return rss_mb(pid) + sum(rss_mb(child) for child in children(pid))
 
 
 def rss_mb(pid: int) -> float:
@@ -125,9 +153,10 @@ def pin(pid: int, cpus: str) -> None:
 
 def children(pid: int) -> list[int]:
     out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            out += [int(c) for c in (task / "children").read_text().split()]
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                out += [int(c) for c in (task / "children").read_text().split()]
     return out
 
 
@@ -245,14 +274,18 @@ async def start_nginx(frontend_url: str, scratch: Path, cpus: str | None) -> tup
     return child, url, workers[0] if workers else child.pid
 
 
-async def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None):
+async def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None,
+                      worker: dict[str, Any] | None = None):  # fmt: skip
     """The proxy (with ``SHADOW_PROXY_LOOP_LAG=1``) and, with ``taps``, the two
-    reference taps; returns (child, url, worker pid, [(tap, endpoint, topic)])."""
+    reference taps (``worker``: options of the tap worker); returns (child, url,
+    worker pid, [(tap, endpoint, topic)])."""
     port = reserve_port()
     tap_list = reference_taps([reserve_endpoint() for _ in TAP_NAMES]) if taps else []
+    options = {"worker": worker} if worker and taps else {}
     mapping = proxy_config(
-        frontend_url, port=port, models={MODEL_NAME: MODEL_DIR} if taps else None, taps=tap_list
-    )
+        frontend_url, port=port, models={MODEL_NAME: MODEL_DIR} if taps else None, taps=tap_list,
+        **options,
+    )  # fmt: skip
     conf = write_config(scratch / f"proxy-{'taps' if taps else 'plain'}.yaml", mapping)
     env = {**os.environ, "SHADOW_PROXY_LOOP_LAG": "1"}
     argv = cli_argv("serve", "--config", str(conf), log_level=None)
@@ -282,25 +315,29 @@ class Setup:
         self.lag_url: str | None = None
 
     @classmethod
-    async def start(cls, case: str, frontend: Frontend, scratch: Path, isolate: bool) -> Setup:
+    async def start(cls, case: str, frontend: Frontend, scratch: Path, isolate: bool,
+                    worker: dict[str, Any] | None = None) -> Setup:  # fmt: skip
         """Start what ``case`` needs; returns once it answers."""
         self = cls(case, frontend)
         proxy_cpus = PROXY_CPU if isolate else None
         other_cpus = OTHER_CPU if isolate else None
+        if case.endswith("+neighbour"):
+            case = self.case = case.removesuffix("+neighbour")
+            self.services.append(service("neighbour", NEIGHBOUR, scratch, cpus=PROXY_CPU))
         if case == "nginx":
             child, self.url, worker = await start_nginx(frontend.url, scratch, proxy_cpus)
             self.services.append(child)
             self.pids["proxy"] = worker
         elif case != "direct":
             taps = case.startswith("taps")
-            child, self.url, worker, endpoints = await start_proxy(
-                frontend.url, scratch, taps, proxy_cpus
+            child, self.url, worker_pid, endpoints = await start_proxy(
+                frontend.url, scratch, taps, proxy_cpus, worker
             )
             self.services.append(child)
             self.pids["proxy"] = child.pid
             self.lag_url = self.url + "/metrics"
-            if worker is not None:
-                self.pids["worker"] = worker
+            if worker_pid is not None:
+                self.pids["worker"] = worker_pid
             for i, (name, endpoint, topic) in enumerate(endpoints):
                 summary = scratch / f"consumer-{i}.json"
                 summary.unlink(missing_ok=True)
@@ -390,7 +427,7 @@ class RssSampler:
 
     def sample(self) -> None:
         for role, pid in self.pids.items():
-            value = rss_mb(pid)
+            value = _rss(role, pid)
             if value == value:  # not NaN
                 self.peak[role] = max(self.peak[role], value)
 
@@ -405,20 +442,25 @@ class RssSampler:
 
 
 async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: LoadSpec,
-                   warmup: LoadSpec, isolate: bool) -> dict[str, Any]:  # fmt: skip
-    setup = await Setup.start(case, frontend, scratch, isolate)
+                   warmup: LoadSpec, isolate: bool, worker: dict[str, Any] | None = None,
+                   settle_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
+    setup = await Setup.start(case, frontend, scratch, isolate, worker)
     try:
         url_spec = {"url": setup.url}
         await run_load(_with(warmup, **url_spec))
-        rss_before = {role: rss_mb(pid) for role, pid in setup.pids.items()}
-        cpu_before = {role: cpu_seconds(pid) for role, pid in setup.pids.items()}
+        rss_before = {role: _rss(role, pid) for role, pid in setup.pids.items()}
+        cpu_before = {role: _cpu(role, pid) for role, pid in setup.pids.items()}
         own_before = time.process_time()
         lag_before = lag_buckets(setup.lag_url)
         with RssSampler(setup.pids) as sampler:
             report = await run_load(_with(spec, **url_spec))
-        cpu_after = {role: cpu_seconds(pid) for role, pid in setup.pids.items()}
+        cpu_after = {role: _cpu(role, pid) for role, pid in setup.pids.items()}
         own = time.process_time() - own_before
         lag = histogram_quantile(lag_before, lag_buckets(setup.lag_url), 0.99)
+        if setup.lag_url and "worker" in setup.pids:
+            # The worker's backlog published or given up, and its metrics relayed.
+            await asyncio.sleep(settle_s + 1.5)
+        metrics_text = get_text(setup.lag_url) if setup.lag_url else ""
         consumers = setup.finish_consumers()
     finally:
         setup.stop()
@@ -432,7 +474,17 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: Loa
         "rss_mb_peak": sampler.peak,
         "loop_lag_p99_ms": None if lag is None else lag * 1000,
         "consumers": consumers,
+        "metrics": metrics_text,
     }
+
+
+def _cpu(role: str, pid: int) -> float:
+    """The tap worker is its main and its shards."""
+    return cpu_tree_seconds(pid) if role == "worker" else cpu_seconds(pid)
+
+
+def _rss(role: str, pid: int) -> float:
+    return rss_tree_mb(pid) if role == "worker" else rss_mb(pid)
 
 
 def _with(spec: LoadSpec, **changes: Any) -> LoadSpec:
@@ -493,7 +545,7 @@ def _ms(value: float | None) -> float | None:
 
 
 def _run_json(run: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in run.items() if k != "report"}
+    out = {k: v for k, v in run.items() if k not in ("report", "metrics")}
     out["load"] = run["report"].summary()
     return out
 
@@ -502,8 +554,13 @@ def _run_json(run: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> dict[str, Any]:
-    isolate = regime == "isolation"
-    if regime == "quick":
+    isolate = regime in ("isolation", "isolation-dynamo")
+    if regime == "isolation-dynamo":
+        frontend_kind = "dynamo"
+        cases = ("direct", "proxy", "taps", "taps-stalled", *NEIGHBOUR_CASES)
+        loads = [(args.concurrency or 24, args.requests or 1200)]
+        args.isl, args.osl = args.isl or 700, args.osl or 32
+    elif regime == "quick":
         cases = ("direct", "proxy")
         loads = [(c, args.quick_requests if c > 1 else max(50, args.quick_requests // 3))
                  for c in (1, 64)]  # fmt: skip
@@ -516,6 +573,7 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
     else:
         cases = CASES
         loads = [(args.concurrency or 64, args.requests or 3000)]
+    args.isl, args.osl = args.isl or 2048, args.osl or 16
     pace = (args.ttft_ms, args.itl_ms) if isolate else None
     speedup = args.speedup if isolate else 1000.0
     if isolate:
@@ -531,7 +589,7 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
             for rnd in range(args.rounds):
                 order = cases[rnd % len(cases) :] + cases[: rnd % len(cases)]
                 for i, case in enumerate(order):
-                    seed = 1000 * (rnd + 1) + 10 * CASES.index(case) + concurrency
+                    seed = 1000 * (rnd + 1) + 10 * list(CASE_TITLES).index(case) + concurrency
                     spec = _with(base, seed=seed)
                     warmup = _with(base, seed=seed + 500_000, requests=args.warmup,
                                    concurrency=min(concurrency, args.warmup))  # fmt: skip
@@ -733,7 +791,7 @@ def _markdown_part(part: dict[str, Any]) -> list[str]:
         out.append("")
         head = ["case", "req/s", "ratio", "TTFT p50 ms", "ratio", "TTFT p99 ms", "ratio",
                 "e2e p99 ms"]  # fmt: skip
-        if part["regime"] == "isolation":
+        if part["regime"].startswith("isolation"):
             head.append("loop lag p99 ms")
         head += [f"CPU s/1k {r}" for r in roles]
         head += ["RSS MB proxy", "RSS MB worker", "records / gaps per tap", "errors"]
@@ -745,7 +803,7 @@ def _markdown_part(part: dict[str, Any]) -> list[str]:
                    _f(c["ttft_p50_ms"]), _ratio(c["ttft_p50_ms"], base["ttft_p50_ms"]),
                    _f(c["ttft_p99_ms"]), _ratio(c["ttft_p99_ms"], base["ttft_p99_ms"]),
                    _f(c["e2e_p99_ms"])]  # fmt: skip
-            if part["regime"] == "isolation":
+            if part["regime"].startswith("isolation"):
                 row.append(_f(c["loop_lag_p99_ms"], 2))
             row += [_f(c["cpu_s_per_1000"].get(r), 2) for r in roles]
             row += [_f(c["rss_mb_peak"].get("proxy")), _f(c["rss_mb_peak"].get("worker"))]
@@ -763,14 +821,17 @@ def _markdown_part(part: dict[str, Any]) -> list[str]:
 
 def _targets(regime: str, cases: dict[str, Any]) -> list[str]:
     checks = []
-    if regime == "isolation":
-        base = cases["proxy"]
-        for name in ("taps", "taps-stalled"):
-            c = cases[name]
+    if regime.startswith("isolation"):
+        pairs = [(name, "proxy") for name in ("taps", "taps-stalled")]
+        pairs += [(f"{name}+neighbour", "proxy+neighbour") for name in ("taps", "taps-stalled")]
+        for name, against in pairs:
+            if name not in cases or against not in cases:
+                continue
+            c, base = cases[name], cases[against]
             checks += [
-                (f"{name}: TTFT p50 / no taps <= 1.05", c["ttft_p50_ms"], base["ttft_p50_ms"], 1.05, False),  # noqa: E501
-                (f"{name}: TTFT p99 / no taps <= 1.10", c["ttft_p99_ms"], base["ttft_p99_ms"], 1.10, False),  # noqa: E501
-                (f"{name}: req/s / no taps >= 0.95", c["requests_per_s"], base["requests_per_s"], 0.95, True),  # noqa: E501
+                (f"{name}: TTFT p50 / {against} <= 1.05", c["ttft_p50_ms"], base["ttft_p50_ms"], 1.05, False),  # noqa: E501
+                (f"{name}: TTFT p99 / {against} <= 1.10", c["ttft_p99_ms"], base["ttft_p99_ms"], 1.10, False),  # noqa: E501
+                (f"{name}: req/s / {against} >= 0.95", c["requests_per_s"], base["requests_per_s"], 0.95, True),  # noqa: E501
             ]  # fmt: skip
     elif regime == "capacity":
         proxy, front = cases["proxy"], cases["direct"]["cpu_s_per_1000"]["frontend"]
@@ -820,13 +881,15 @@ def _markdown_profile(profile: dict[str, Any]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shadow-proxy bench", description=__doc__.splitlines()[0])
     parser.add_argument("--regime", default="quick",
-                        choices=("capacity", "isolation", "memory", "quick", "all"))  # fmt: skip
+                        choices=("capacity", "isolation", "memory", "quick", "isolation-dynamo",
+                                 *WORKER_REGIMES, "all"))  # fmt: skip
     parser.add_argument("--frontend", default="builtin", choices=("builtin", "dynamo", "both"))
     parser.add_argument("--requests", type=int, help="per case and round (default per regime)")
     parser.add_argument("--concurrency", type=int, help="default: 64, isolation 16")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--isl", type=int, default=2048, help="prompt tokens")
-    parser.add_argument("--osl", type=int, default=16, help="output tokens")
+    parser.add_argument("--isl", type=int, help="prompt tokens (default 2048; "
+                        "isolation-dynamo 700 words)")  # fmt: skip
+    parser.add_argument("--osl", type=int, help="output tokens (default 16; isolation-dynamo 32)")
     parser.add_argument("--warmup", type=int, default=100, help="requests per case and round")
     parser.add_argument("--quick-requests", type=int, default=600,
                         help="quick regime: at concurrency 64 (a third of it at 1)")  # fmt: skip
@@ -834,10 +897,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--itl-ms", type=float, default=10.0, help="isolation: frontend pacing")
     parser.add_argument("--speedup", type=float, default=10.0,
                         help="isolation with Dynamo: mocker --speedup-ratio")  # fmt: skip
+    parser.add_argument("--conversations", type=int, default=24,
+                        help="multiturn: conversations per case and round")  # fmt: skip
+    parser.add_argument("--processes", type=int,
+                        help="multiturn: worker.processes (default: one per core)")  # fmt: skip
+    parser.add_argument("--max-lag-s", type=float, default=5.0,
+                        help="overload: worker.max_lag_s")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
                         help="py-spy the serving process and worker (capacity, isolation)")  # fmt: skip  # noqa: E501
     parser.add_argument("--output", type=Path, default=RESULTS)
     return parser
+
+
+#: The tap worker's regimes, run by ``bench/worker_bench.py``.
+WORKER_REGIMES = ("scaling", "multiturn", "overload")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -855,17 +928,30 @@ def main(argv: list[str] | None = None) -> int:
     for regime in regimes:
         started = time.strftime("%Y%m%d-%H%M%S")
         parts = []
+        kinds = ("dynamo",) if regime == "isolation-dynamo" else frontends
         with tempfile.TemporaryDirectory(prefix="shadow-bench-") as tmp:
-            for kind in frontends:
+            for kind in kinds:
                 if regime in ("quick", "memory", "isolation") and kind == "dynamo" and len(
                         frontends) > 1:  # fmt: skip
                     continue  # built-in only unless asked for Dynamo alone
                 scratch = Path(tmp) / kind
                 scratch.mkdir()
-                parts.append(asyncio.run(run_regime(regime, kind, args, scratch)))
+                # A copy of the options: a regime fills in its own defaults.
+                options = argparse.Namespace(**vars(args))
+                if regime in WORKER_REGIMES:
+                    from bench import worker_bench
+
+                    parts.append(asyncio.run(worker_bench.run(regime, kind, options, scratch)))
+                else:
+                    parts.append(asyncio.run(run_regime(regime, kind, options, scratch)))
         result = {"regime": regime, "started": started, "command": command, "machine": info,
                   "parts": parts}  # fmt: skip
-        text = markdown(result, command)
+        if regime in WORKER_REGIMES:
+            from bench import worker_bench
+
+            text = worker_bench.markdown(result, command)
+        else:
+            text = markdown(result, command)
         stem = args.output / f"{started}-{regime}"
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
         stem.with_suffix(".md").write_text(text)

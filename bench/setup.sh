@@ -3,7 +3,8 @@
 # taskset from Debian's packages when missing, and the Dynamo frontend + mocker
 # (scripts/install-dynamo.sh) when the bench is asked for --frontend dynamo|both,
 # and py-spy into .venv for --profile.
-# Takes the bench's own arguments and looks only at --frontend.
+# Takes the bench's own arguments and looks only at --frontend, --regime and --profile
+# (isolation-dynamo needs Dynamo; multiturn uses it with --frontend dynamo).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,6 +13,8 @@ profile=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --profile) profile=1; shift ;;
+    --regime) [[ "${2:-}" == isolation-dynamo ]] && frontend=dynamo; shift 2 || shift ;;
+    --regime=isolation-dynamo) frontend=dynamo; shift ;;
     --frontend) frontend="${2:-builtin}"; shift 2 || shift ;;
     --frontend=*) frontend="${1#--frontend=}"; shift ;;
     *) shift ;;

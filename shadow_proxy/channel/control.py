@@ -8,10 +8,8 @@ parses dicts by hand:
 - ``Ready``: the worker loaded its tokenizers and bound its tap sockets; sent
   once, before any hand-off message is read.
 - ``Failed``: the worker cannot start; the text says why (a tokenizer, a socket).
-- ``Progress``: hand-off bytes read so far (the serving loop's credit for its
-  byte bound); at most every 50 ms while busy.
-- ``Snapshot``: every second, the worker's metric families, tap listing and
-  hand-off bytes read.
+- ``Snapshot``: every second, the worker's metric families (its main's and its
+  shards', summed) and tap listing.
 """
 
 from __future__ import annotations
@@ -47,20 +45,13 @@ class Failed:
 
 
 @attrs.frozen
-class Progress:
-    bytes_read: int
-    kind = "progress"
-
-
-@attrs.frozen
 class Snapshot:
     families: list[Family]
     taps: list[dict[str, Any]]
-    bytes_read: int | None = None
     kind = "metrics"
 
 
-ControlMessage = Ready | Failed | Progress | Snapshot
+ControlMessage = Ready | Failed | Snapshot
 
 
 def encode(message: ControlMessage) -> bytes:
@@ -80,4 +71,4 @@ def decode(data: bytes) -> ControlMessage:
         raise ControlError(msg) from e
 
 
-_BY_KIND: dict[str, type] = {cls.kind: cls for cls in (Ready, Failed, Progress, Snapshot)}
+_BY_KIND: dict[str, type] = {cls.kind: cls for cls in (Ready, Failed, Snapshot)}

@@ -5,6 +5,8 @@ Pure functions and ``struct`` layouts; the sockets live in
 is a few frames; the first is a one-byte kind, the request's 8-byte key (a
 counter of the serving process, never the client's id) and the kind's meta:
 
+- ``h`` hello: the first message on every connection (key 0); frame: a
+  MessagePack map (``channel/checkpoint.py``: what a dead predecessor left).
 - ``q`` request: meta ``REQUEST_META``; frames: request id, body (the bytes
   the client sent), engine headers (``channel.headers``: the allow-listed
   request headers, ``name:value\n`` each), content-encoding (the request's
@@ -15,6 +17,10 @@ counter of the serving process, never the client's id) and the kind's meta:
 
 ``head`` is ``HEAD_META`` then ``content-type\\ncontent-encoding`` in the
 first ``c`` or ``e`` message after the response started; empty otherwise.
+
+On a byte stream (the Unix socket of the hand-off, the pipes between the
+worker's main and its shards) a message is a u32 total length, then each frame
+as a u32 length and its bytes (``stream_buffers``, ``StreamDecoder``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ KIND_REQUEST = b"q"
 KIND_CHUNK = b"c"
 KIND_END = b"e"
 KIND_LAST = b"z"
+KIND_HELLO = b"h"
 
 KEY = struct.Struct(">Q")
 REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
@@ -34,6 +41,86 @@ HEADER = 1 + KEY.size
 
 #: The last message of a pipe (key 0).
 LAST_MESSAGE = KIND_LAST + KEY.pack(0)
+
+U32 = struct.Struct(">I")
+#: Offset of the first frame's first byte (the kind) in a stream message.
+KIND_OFFSET = 2 * U32.size
+#: Largest message a stream carries (the u32 length prefix).
+MAX_STREAM_MESSAGE = 2**32 - 1
+
+
+def stream_buffers(frames: list[bytes]) -> tuple[list[bytes], int]:
+    """One message as buffers for ``writelines``/``sendmsg`` (the frames are not
+    copied) and its size on the stream."""
+    buffers = [b""]
+    total = 0
+    for frame in frames:
+        buffers.append(U32.pack(len(frame)))
+        if frame:
+            buffers.append(frame)
+        total += U32.size + len(frame)
+    buffers[0] = U32.pack(total)
+    return buffers, total + U32.size
+
+
+def consume(buffers: list, sent: int) -> None:
+    """Remove the first ``sent`` bytes (a partial ``sendmsg``) from ``buffers``; the rest
+    of a partly sent buffer is kept as a view (a large message is never copied again)."""
+    while buffers and sent >= len(buffers[0]):
+        sent -= len(buffers.pop(0))
+    if sent:
+        buffers[0] = memoryview(buffers[0])[sent:]
+
+
+def split_frames(message: bytes | memoryview) -> list[bytes]:
+    """The frames of one stream message (as ``StreamDecoder`` yields it, length included)."""
+    frames = []
+    pos, end = U32.size, len(message)
+    while pos < end:
+        (n,) = U32.unpack_from(message, pos)
+        frames.append(bytes(message[pos + U32.size : pos + U32.size + n]))
+        pos += U32.size + n
+    return frames
+
+
+class StreamDecoder:
+    """Cuts a byte stream into messages. ``feed`` takes what a ``recv`` returned and
+    returns the messages it completed, each as bytes with its length prefix (so it
+    can be forwarded as it is, or split with ``split_frames``). Holds at most one
+    incomplete message."""
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buffer = self._buffer
+        buffer += data
+        messages = []
+        pos, size = 0, len(buffer)
+        with memoryview(buffer) as view:
+            while size - pos >= U32.size:
+                (total,) = U32.unpack_from(buffer, pos)
+                end = pos + U32.size + total
+                if end > size:
+                    break
+                messages.append(bytes(view[pos:end]))
+                pos = end
+        if pos == size:
+            self._buffer = bytearray()  # also gives back a large message's capacity
+        elif pos:
+            del buffer[:pos]
+        return messages
+
+
+def peek(message: bytes) -> tuple[bytes, bytes]:
+    """The kind and the key of a stream message, without splitting it."""
+    return message[KIND_OFFSET : KIND_OFFSET + 1], message[KIND_OFFSET + 1 : KIND_OFFSET + HEADER]
 
 
 def split_header(frame: bytes) -> tuple[bytes, bytes, bytes]:

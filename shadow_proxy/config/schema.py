@@ -232,17 +232,33 @@ class _SchemaReader(Reader):
         )
 
     def worker(self, root: Mapping) -> WorkerOptions:
-        keys = {"handoff_capacity", "handoff_max_bytes", "max_in_flight", "nice"}
+        keys = {
+            "handoff_capacity", "handoff_max_bytes", "max_in_flight", "processes", "priority",
+            "nice", "max_lag_s", "tokenizer_cache_bytes", "max_rss_mb", "max_prompt_bytes",
+            "max_decoded_bytes", "max_request_cpu_s",
+        }  # fmt: skip
         s = self.section(root, "worker", "", keys)
+        p = "worker."
+        optional_int = (int, type(None))
         return WorkerOptions(
-            handoff_capacity=self.get(
-                s, "handoff_capacity", "worker.", int, 65536, checks.at_least_1
-            ),
+            handoff_capacity=self.get(s, "handoff_capacity", p, int, 65536, checks.at_least_1),
             handoff_max_bytes=self.get(
-                s, "handoff_max_bytes", "worker.", int, 256 * MIB, checks.at_least_1
+                s, "handoff_max_bytes", p, int, 256 * MIB, checks.at_least_1
             ),
-            max_in_flight=self.get(s, "max_in_flight", "worker.", int, 4096, checks.at_least_1),
-            nice=self.get(s, "nice", "worker.", int, 5, checks.niceness),
+            max_in_flight=self.get(s, "max_in_flight", p, int, 4096, checks.at_least_1),
+            processes=self.get(s, "processes", p, optional_int, None, checks.at_least_1),
+            priority=self.get(s, "priority", p, str, "idle", checks.choice("idle", "nice")),
+            nice=self.get(s, "nice", p, int, 19, checks.niceness),
+            max_lag_s=self.get(s, "max_lag_s", p, (float, type(None)), 30.0, checks.positive),
+            tokenizer_cache_bytes=self.get(
+                s, "tokenizer_cache_bytes", p, int, 64 * MIB, checks.non_negative
+            ),
+            max_rss_mb=self.get(s, "max_rss_mb", p, optional_int, 1024, checks.at_least_1),
+            max_prompt_bytes=self.get(
+                s, "max_prompt_bytes", p, optional_int, None, checks.at_least_1
+            ),
+            max_decoded_bytes=self.get(s, "max_decoded_bytes", p, int, 64 * MIB, checks.at_least_1),
+            max_request_cpu_s=self.get(s, "max_request_cpu_s", p, float, 5.0, checks.positive),
         )
 
     def taps(

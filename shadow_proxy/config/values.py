@@ -105,13 +105,35 @@ class TapConfig:
 
 @attrs.frozen
 class WorkerOptions:
-    #: Messages the serving loop may have in flight to the tap worker before a
-    #: hand-off is dropped (the ZeroMQ send high-water mark of the hand-off).
+    #: No longer used: the hand-off is bounded in bytes (kept so configs that set
+    #: it still load).
     handoff_capacity: int = 65536
-    #: Bytes the serving loop may have handed off and the worker not yet read.
+    #: Bytes the serving loop may have handed off and the worker not yet read;
+    #: the worker's main holds at most as much for its shards.
     handoff_max_bytes: int = 256 * MIB
-    #: Requests the worker tracks at once (awaiting their response's end).
+    #: Requests the worker tracks at once (awaiting their response's end),
+    #: split evenly across its processes.
     max_in_flight: int = 4096
-    #: Niceness added to the worker process: on a shared core the serving
-    #: loop (and the frontend) win; the worker's lag shows as counted drops.
-    nice: int = 5
+    #: Joiner processes (shards); None: one per core the sidecar is given
+    #: (``os.sched_getaffinity``, capped by the cgroup's CPU quota).
+    processes: int | None = None
+    #: ``idle``: SCHED_IDLE on every thread of the worker's processes (CPU no
+    #: other task wants); ``nice``: only the niceness below.
+    priority: str = "idle"
+    #: The niceness with ``priority: nice``, and where the OS has no idle class.
+    nice: int = 19
+    #: A request or record older than this is given up (dropped as ``late``)
+    #: instead of processed late; None: never.
+    max_lag_s: float | None = 30.0
+    #: Bytes of token ids of prompt segments kept per process for incremental
+    #: tokenization, split evenly across models; 0: every prompt encoded in full.
+    tokenizer_cache_bytes: int = 64 * MIB
+    #: A shard whose resident memory passes this restarts between requests; None: never.
+    max_rss_mb: int | None = 1024
+    #: Work budget per request (``worker/budget.py``). Prompt text bytes; None:
+    #: the model's context length times its longest token's bytes.
+    max_prompt_bytes: int | None = None
+    #: Bytes a content-encoded response body may decode to.
+    max_decoded_bytes: int = 64 * MIB
+    #: CPU seconds a shard spends on one request before it stops reading its response.
+    max_request_cpu_s: float = 5.0

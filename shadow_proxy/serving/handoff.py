@@ -1,108 +1,216 @@
 """The hand-off from the serving loop to the tap worker: bounded, never blocking.
 
-One ZeroMQ PUSH socket, bound on an ``ipc://`` path; the worker connects a PULL
-socket. Every send is ``NOBLOCK``: when the worker lags and the high-water
-mark is reached, ``zmq.Again`` is a dropped message, counted with a reason,
-and the serving loop goes on. Frames are built by ``channel.frames`` and
-sent without copying the body (see docs/INTERNALS.md for the message table).
+A Unix stream socket in the serving process's private directory: the serving
+process listens, the worker's main connects. The serving loop writes with its
+own uvloop transport: messages are gathered and flushed once per loop
+iteration (one ``writev`` for every message of that iteration), with no
+I/O thread to wake and no extra system call per message. Framing:
+``channel.frames.stream_buffers`` (a u32 length, then each frame's length and
+bytes; the frames are not copied).
 
-ZeroMQ bounds messages, not bytes; the bytes are bounded here: the worker
-reports how many bytes it has read (every 50 ms while busy), and a message
-that would put more than ``max_bytes`` in flight is dropped and counted
-(``full``) instead of sent.
+Bounded in bytes: a message that would put more than ``max_bytes`` in the
+transport's buffer (what the worker has not read yet, beyond the kernel's
+socket buffers) is dropped and counted (``full``) instead of queued. While no
+worker is connected, every message is dropped as ``worker_dead``. The loop
+never waits: the transport writes what the kernel takes and keeps the rest.
+
+A worker's death is accounted for here, the process that survives it: each
+connection counts the requests handed over on it; at the next connection the
+dead worker's checkpoint (``channel/checkpoint.py``, read by the supervisor)
+and these counts give each tap's final state, which the new worker receives
+in its hello message and announces on the dead publisher ids.
 
 The serving loop's cost per message is a few microseconds: no JSON, no
-tokenizer, no MessagePack; the worker does all of that in its own process.
+tokenizer, no MessagePack; the worker does all of that in its own processes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Callable
 
-import zmq
+import msgpack
 
+from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.serving.metrics import ProxyMetrics
 
-#: Linger at close: what is still queued after this is lost (the worker is
-#: stopping too).
-LINGER_MS = 500
-_MORE = zmq.NOBLOCK | zmq.SNDMORE  # ints: pyzmq's enum arithmetic costs per frame
-_LAST = zmq.NOBLOCK
+log = logging.getLogger(__name__)
+
+#: A worker connected for less than this may not have announced its dead
+#: predecessors' final states: its successor announces them again.
+ANNOUNCE_S = 10.0
+
+
+class _Protocol(asyncio.Protocol):
+    """One connection from a worker's main; the worker never writes on it."""
+
+    def __init__(self, handoff: Handoff):
+        self.handoff = handoff
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.handoff._connected(self)
+
+    def connection_lost(self, exc) -> None:
+        self.handoff._disconnected(self)
+
+    def data_received(self, data) -> None:
+        pass
 
 
 class Handoff:
     """The serving process's end of the channel to the tap worker."""
 
-    def __init__(
-        self,
-        context: zmq.Context,
-        endpoint: str,
-        capacity: int,
-        max_bytes: int,
-        metrics: ProxyMetrics,
-    ):
-        self.endpoint = endpoint
+    def __init__(self, path: str, max_bytes: int, metrics: ProxyMetrics):
+        self.path = path
         self.max_bytes = max_bytes
-        #: Bytes sent, and bytes the worker says it has read (``progress``).
-        self._sent_bytes = 0
-        self.acked_bytes = 0
-        self._socket = context.socket(zmq.PUSH)
-        self._socket.setsockopt(zmq.SNDHWM, capacity)
-        self._socket.setsockopt(zmq.LINGER, LINGER_MS)
-        self._socket.bind(endpoint)
+        self._server: asyncio.AbstractServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._protocol: _Protocol | None = None
+        self._transport: asyncio.Transport | None = None
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._flush_scheduled = False
+        #: Writes to the socket (one per loop iteration with messages).
+        self.flushes = 0
         dropped = metrics.handoff_dropped
         self._dropped_full = dropped.labels("full")
         self._dropped_dead = dropped.labels("worker_dead")
         self._dropped_closed = dropped.labels("closed")
         self._next_key = 0
-        #: Requests whose ``q`` message was lost: the worker adds these to each
-        #: tap's dropped count (reason ``handoff_full``) and seq.
+        #: Requests whose ``q`` message could not be queued (since start): the
+        #: worker counts each on every tap (``handoff_full``), its seq taken.
         self._lost_requests = 0
-        self.worker_alive = True
+        #: Requests handed over on the current connection.
+        self._requests_sent = 0
+        #: Requests that arrived while no worker was connected.
+        self._dead_requests = 0
+        self.worker_alive = False
         #: Whether taps need the whole response (joined records) or only its
         #: tail (where ``usage`` is, for the prompt-token fidelity check).
         self.full_response = True
+        #: The incarnation the supervisor spawned last (it connects next).
+        self.generation = 0
+        self._connected_generation = 0
+        self._connected_at = 0.0
+        #: The last connection's (generation, requests handed over), once it is lost.
+        self._dead: tuple[int, int] | None = None
+        self._dead_checkpoint: cp.Checkpoint | None = None
+        #: Final states of dead publishers the next worker announces.
+        self._tombstones: list[cp.TapState] = []
+        #: Called with the final states when a dead worker has been accounted for.
+        self.on_final_states: Callable[[tuple[cp.TapState, ...]], None] | None = None
+
+    async def start(self) -> None:
+        """Listen on ``path`` (the worker connects)."""
+        self._loop = asyncio.get_running_loop()
+        self._server = await self._loop.create_unix_server(lambda: _Protocol(self), self.path)
 
     def close(self) -> None:
         """Send the last message (``frames.LAST_MESSAGE``: nothing follows it on
-        this pipe, so the worker knows it has read everything), then close."""
-        try:
-            self._socket.send(hf.LAST_MESSAGE, flags=zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
-        self._socket.close(linger=LINGER_MS)
+        this pipe, so the worker knows it has read everything), then close after
+        the buffer is written."""
+        if self._transport is not None:
+            self._send([hf.LAST_MESSAGE])
+            self._flush()
+            self._transport.close()
+        if self._server is not None:
+            self._server.close()
 
-    def restarted(self) -> None:
-        """A new worker is ready: it starts from nothing (new publishers, seq 0)."""
-        self._lost_requests = 0
-        self._sent_bytes = 0
-        self.acked_bytes = 0
+    def worker_died(self, checkpoint: cp.Checkpoint | None) -> None:
+        """The supervisor saw the worker exit and read its checkpoint file."""
+        if checkpoint is not None and checkpoint.generation == self._connected_generation:
+            self._dead_checkpoint = checkpoint
+
+    # -- the connection ----------------------------------------------------------
+
+    def _connected(self, protocol: _Protocol) -> None:
+        if self._protocol is not None:  # one worker at a time
+            protocol.transport.close()
+            return
+        now = time.monotonic()
+        if self._dead is not None:
+            generation, sent = self._dead
+            checkpoint = self._dead_checkpoint  # of that generation (``worker_died``)
+            if checkpoint is not None:
+                finals = cp.final_states(
+                    checkpoint,
+                    requests_sent=sent,
+                    lost_total=self._lost_requests,
+                    dead_requests=self._dead_requests,
+                )
+                replaced = {f.publisher_id for f in finals}
+                self._tombstones = [
+                    t for t in self._tombstones if t.publisher_id not in replaced
+                ] + list(finals)
+                if self.on_final_states is not None:
+                    self.on_final_states(finals)
+            else:
+                log.error(
+                    "tap worker %d left no checkpoint: %d request(s) it had are not counted",
+                    generation,
+                    sent + self._dead_requests,
+                )
+        self._dead = None
+        self._dead_checkpoint = None
+        self._dead_requests = 0
+        self._requests_sent = 0
+        self._protocol = protocol
+        self._transport = protocol.transport
+        self._connected_generation = self.generation
+        self._connected_at = now
+        hello = {
+            "generation": self.generation,
+            "lost_base": self._lost_requests,
+            "tombstones": [cp.to_plain(t) for t in self._tombstones],
+        }
+        buffers, _ = hf.stream_buffers([hf.KIND_HELLO + hf.KEY.pack(0), msgpack.packb(hello)])
+        self._transport.writelines(buffers)
         self.worker_alive = True
 
+    def _disconnected(self, protocol: _Protocol) -> None:
+        if protocol is not self._protocol:
+            return
+        self._protocol = None
+        self._transport = None
+        self._pending = []
+        self._pending_bytes = 0
+        self.worker_alive = False
+        self._dead = (self._connected_generation, self._requests_sent)
+        if time.monotonic() - self._connected_at >= ANNOUNCE_S:
+            self._tombstones = []  # announced for long enough
+
+    # -- messages ----------------------------------------------------------------
+
     def _send(self, frames: list[bytes]) -> bool:
-        if not self.worker_alive:
+        transport = self._transport
+        if transport is None:
             self._dropped_dead.inc()
             return False
-        size = sum(map(len, frames))
-        if self._sent_bytes - self.acked_bytes + size > self.max_bytes:
+        buffers, size = hf.stream_buffers(frames)
+        if transport.get_write_buffer_size() + self._pending_bytes + size > self.max_bytes:
             self._dropped_full.inc()
             return False
-        send = self._socket.send
-        try:
-            # The first part decides (HWM); the rest of a multipart message follows.
-            for frame in frames[:-1]:
-                send(frame, _MORE, copy=False)
-            send(frames[-1], _LAST, copy=False)
-        except zmq.Again:
-            self._dropped_full.inc()
-            return False
-        except zmq.ZMQError:
-            self._dropped_closed.inc()
-            return False
-        self._sent_bytes += size
+        self._pending += buffers
+        self._pending_bytes += size
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
         return True
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._pending:
+            if self._transport is not None:
+                self._transport.writelines(self._pending)
+                self.flushes += 1
+            self._pending = []
+            self._pending_bytes = 0
 
     def open(self, route: Route, request_id: str, body: bytes, arrival_unix_ns: int,
              arrival_mono_ns: int, headers: bytes = b"",
@@ -120,8 +228,12 @@ class Handoff:
         encoding = hf.pack_encoding(content_encoding)
         frames = [hf.KIND_REQUEST + key + meta, request_id.encode(), body, headers, encoding]
         if self._send(frames):
+            self._requests_sent += 1
             return Capture(self, key, arrival_mono_ns, self.full_response)
-        self._lost_requests += 1
+        if self._transport is None:
+            self._dead_requests += 1
+        else:
+            self._lost_requests += 1
         return None
 
 

@@ -54,7 +54,7 @@ from shadow_proxy.serving.headers import (
     upstream_target,
 )
 from shadow_proxy.serving.logs import RateLimited
-from shadow_proxy.serving.metrics import ProxyMetrics, status_class
+from shadow_proxy.serving.metrics import ProxyMetrics
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +133,8 @@ class ProxyHandler:
         label = route.label
         header = self.request_id_header
         request_id = request.headers.get(header) or new_request_id()
-        metrics = self.metrics
-        metrics.in_flight.inc()
+        stats = self.metrics.stats
+        stats.started()
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -153,9 +153,7 @@ class ProxyHandler:
             raise
         finally:
             self._tasks.discard(task)
-            metrics.in_flight.dec()
-            metrics.requests.labels(label, status_class(status)).inc()
-            metrics.duration.labels(label).observe((time.monotonic_ns() - arrival_mono_ns) / 1e9)
+            stats.finished(label, status, (time.monotonic_ns() - arrival_mono_ns) / 1e9)
 
     async def _exchange(self, request, route, request_id, arrival_unix_ns, arrival_mono_ns):
         header = self.request_id_header
@@ -302,7 +300,7 @@ class ProxyHandler:
                 if first:
                     first = False
                     ttfb = (time.monotonic_ns() - arrival_mono_ns) / 1e9
-                    self.metrics.ttfb.labels(route.label).observe(ttfb)
+                    self.metrics.stats.first_byte(route.label, ttfb)
                 try:
                     await response.write(chunk)
                 except ConnectionResetError as e:

@@ -1,13 +1,16 @@
 """The serving process's side of the taps: the hand-off socket, the tap worker
 process and the relay of its metrics.
 
-``taps_ctx`` is an aiohttp cleanup context. At start-up it binds the hand-off,
-spawns the worker and waits until the worker has loaded its tokenizers and
-bound its tap sockets (or says why it cannot: start-up then fails with that
-message). While serving, it reads the worker's snapshots each second and
-restarts the worker if it dies (requests meanwhile are counted as
-``worker_dead`` drops). At shutdown, after the last in-flight request has
-ended, it stops the worker, which drains its queues for up to 2 s.
+``taps_ctx`` is an aiohttp cleanup context. At start-up it listens on the
+hand-off, spawns the worker and waits until the worker has started its shards
+(which load the tokenizers), bound its tap sockets and connected (or says why
+it cannot: start-up then fails with that message). While serving, it reads
+the worker's snapshots each second and restarts the worker if it dies: the
+dead worker's checkpoint and the hand-off's counts make every request it held
+a counted loss on each tap (``channel/checkpoint.py``), announced by the next
+worker on the dead publisher ids, and ``/metrics`` counters continue from
+there. At shutdown, after the last in-flight request has ended, it stops the
+worker, which drains its queues for up to 2 s.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ import zmq
 import zmq.asyncio
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
 
 from shadow_proxy.channel import control
+from shadow_proxy.channel.checkpoint import read_checkpoint
 from shadow_proxy.config import Config
 from shadow_proxy.serving.handoff import Handoff
 from shadow_proxy.serving.lifeline import worker_entry
@@ -62,18 +65,13 @@ class Taps:
         self.metrics = metrics
         self.relay = relay
         self.dir = tempfile.mkdtemp(prefix="shadow-proxy-")
-        self.handoff_endpoint = f"ipc://{self.dir}/handoff"
+        self.handoff_path = f"{self.dir}/handoff"
+        self.checkpoint_path = f"{self.dir}/checkpoint"
         self.control_endpoint = f"ipc://{self.dir}/control"
         self.context = zmq.asyncio.Context()
-        self.sync_context = zmq.Context.shadow(self.context.underlying)
-        self.handoff = Handoff(
-            self.sync_context,
-            self.handoff_endpoint,
-            config.worker.handoff_capacity,
-            config.worker.handoff_max_bytes,
-            metrics,
-        )
+        self.handoff = Handoff(self.handoff_path, config.worker.handoff_max_bytes, metrics)
         self.handoff.full_response = config.capture_response
+        self.handoff.on_final_states = relay.dead_worker_finals
         self.control = self.context.socket(zmq.PULL)
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.bind(self.control_endpoint)
@@ -99,6 +97,9 @@ class Taps:
         return self._listing
 
     async def start_worker(self) -> None:
+        if self.handoff._server is None:
+            await self.handoff.start()
+        self.handoff.generation += 1
         spawn = multiprocessing.get_context("spawn")
         process = spawn.Process(
             # A child never outlives its parent (serving/lifeline.py).
@@ -107,8 +108,10 @@ class Taps:
                 WORKER_MAIN,
                 os.getpid(),
                 self.config,
-                self.handoff_endpoint,
+                self.handoff_path,
                 self.control_endpoint,
+                self.checkpoint_path,
+                self.handoff.generation,
             ),
             name="shadow-proxy-tap-worker",
             daemon=True,
@@ -132,7 +135,6 @@ class Taps:
             if process.is_alive():
                 process.kill()
             raise
-        self.handoff.restarted()
         log.info("tap worker ready (pid %d), %d tap(s)", process.pid, len(self.config.taps))
 
     async def _receive(self) -> control.ControlMessage:
@@ -152,7 +154,9 @@ class Taps:
                 continue
             process = self.process
             if process is not None and not process.is_alive() and not self.stopping:
-                self.handoff.worker_alive = False
+                # Its checkpoint is final now: the next worker accounts for its loss.
+                self.handoff.worker_died(read_checkpoint(self.checkpoint_path))
+                self.relay.worker_died()
                 self.metrics.worker_restarts.inc()
                 log.error("tap worker died (exit status %s); restarting", process.exitcode)
                 try:
@@ -162,20 +166,9 @@ class Taps:
                     await asyncio.sleep(1.0)
 
     def _apply(self, message: control.ControlMessage) -> None:
-        if isinstance(message, control.Progress):
-            self.handoff.acked_bytes = message.bytes_read
-            return
         if not isinstance(message, control.Snapshot):
             return
-        if message.bytes_read is not None:
-            self.handoff.acked_bytes = message.bytes_read
-        families = []
-        for name, kind, doc, samples in message.families:
-            family = Metric(name, doc, kind)
-            for sample_name, labels, value in samples:
-                family.add_sample(sample_name, labels, value)
-            families.append(family)
-        self.relay.update(families)
+        self.relay.update(message.families)
         self._listing = message.taps
         self._log_drops(message.taps)
 

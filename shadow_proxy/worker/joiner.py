@@ -190,6 +190,7 @@ class Joiner:
                 # Upstream ids beyond every tap's cap are never published.
                 max_token_ids_per_choice=None if None in caps else max(caps),
                 chunk_timing=any(o.chunk_timing for o in options),
+                max_decoded_bytes=self.config.worker.max_decoded_bytes,
             )
         for part in parts:
             if not part.joined:

@@ -1,152 +1,155 @@
-"""The tap worker process: sockets and the loop around the join.
+"""The tap worker's main process: the hand-off in, the shards, the tap sockets out.
 
 Spawned by the serving process (``serving/supervisor.py`` names this module's
 ``run`` by its import path, so the serving side never imports the worker).
-One thread, one loop:
+One thread, one loop, and none of the CPU-heavy work, which is the shards'
+(``worker/pool.py``, ``worker/shard.py``): whatever one request costs, the
+main keeps its one-second heartbeats.
 
-1. read hand-off messages from the PULL socket, in batches, into the
-   ``Joiner`` (which preprocesses, joins and offers records to tap queues);
-2. pump each tap's queue into its publisher;
-3. every 50 ms while busy, tell the serving process how many hand-off bytes
-   were read (its credit for the byte bound); every second, send heartbeats
-   and a metrics snapshot.
+1. read the hand-off (the Unix socket the serving process listens on) and
+   route each message to the shard that holds its request;
+2. read what the shards send: records (their seq taken here), losses,
+   settles, metrics;
+3. checkpoint the taps' state and send what their queues hold
+   (``worker/publishing.py``);
+4. every second: heartbeats, and a metrics snapshot (the shards' summed with
+   the main's) to the serving process.
 
-Guarantees: a failure while handling one message is caught, counted by type
-and logged without its text; it costs that message only. At SIGTERM the worker
-reads what the serving loop sent up to its last message, gives open requests
-their ``shutdown`` records, drains the queues for up to ``control.DRAIN_S`` and says
-what it could not publish.
+Every process of the worker (this one and each shard) runs in the idle
+scheduling class once ready (``worker.priority``), so the serving loop always
+comes first. At SIGTERM the main reads what the serving loop sent up to its
+last message, has the shards finish their open requests as ``shutdown``
+records, drains the queues for up to ``control.DRAIN_S`` and says what it could
+not publish. When the serving process's socket closes without a last message
+(it died), the main and its shards exit.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
+import socket
 import time
-import traceback
-from pathlib import Path
 from typing import Any
 
+import msgpack
 import zmq
 
+from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.channel import control
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
-from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker import priority
+from shadow_proxy.worker.metrics import WorkerMetrics
+from shadow_proxy.worker.pool import Pool
 from shadow_proxy.worker.publishers import curve
-from shadow_proxy.worker.publishers.zeromq import Publisher
-from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
+from shadow_proxy.worker.publishing import RETRY_MS, Publishing, TapSocketError
+from shadow_proxy.worker.shards import default_processes
 
 log = logging.getLogger(__name__)
 
-#: Messages read from the hand-off per loop turn before the queues are pumped.
-BATCH = 512
-#: How long the loop sleeps when it has queued records it could not send.
-RETRY_MS = 5
 HEARTBEAT_S = 1.0
-#: How often the worker tells the serving loop how many hand-off bytes it read.
-PROGRESS_S = 0.05
 #: At shutdown, how long the worker waits for the serving loop's last message.
 LAST_MESSAGE_WAIT_S = 1.0
+#: How long the shards may take to load their models.
+SHARDS_READY_S = 110.0
+#: At shutdown, how long the shards may take to finish what they were sent.
+SHARDS_STOP_S = 2.0
+#: Hand-off bytes read per loop turn before the shards and queues get their turn.
+READ_PER_TURN = 4 << 20
 
 
-class Publishing:
-    """Each tap's publisher, fed from the joiner's tap queues: its PUB socket, or
-    its share of the JetStream link (``link``, when a tap uses NATS)."""
+class Main:
+    """The loop's state: the hand-off socket, the pool, the publishing."""
 
-    def __init__(self, joiner: Joiner, context: zmq.Context, link: Any = None):
-        self.joiner = joiner
-        self.publishers: list[Any] = []
-        keys = curve.load_all(joiner.config)
-        #: ZAP for the CURVE taps, in its own thread (see ``publishers/curve.py``).
-        self.authenticator = curve.start_authenticator(context, keys)
-        for tap in joiner.taps:
-            if tap.config.transport == "nats":
-                self.publishers.append(link.publisher(tap.queue))
-                continue
+    def __init__(self, config: Config, publishing: Publishing, pool: Pool, metrics: WorkerMetrics):
+        self.config = config
+        self.publishing = publishing
+        self.pool = pool
+        self.metrics = metrics
+        self.handoff: socket.socket | None = None
+        self.decoder = hf.StreamDecoder()
+        self.last_seen = False
+        self.parent_gone = False
+
+    def connect(self, path: str) -> None:
+        """Connect to the serving process and read its hello (what dead
+        predecessors left to announce)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        sock.settimeout(30)
+        messages: list[bytes] = []
+        while not messages:
+            data = sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the serving process closed the hand-off")
+            messages = self.decoder.feed(data)
+        frames = hf.split_frames(messages[0])
+        if frames[0][:1] != hf.KIND_HELLO:
+            raise ConnectionError("the hand-off did not start with a hello")
+        hello = msgpack.unpackb(frames[1])
+        self.publishing.lost_seen = hello["lost_base"]
+        self.publishing.announce([cp.from_plain(t) for t in hello["tombstones"]])
+        sock.setblocking(False)
+        self.handoff = sock
+        for message in messages[1:]:
+            self.route(message)
+
+    def route(self, message: bytes) -> None:
+        if hf.peek(message)[0] == hf.KIND_LAST:
+            self.last_seen = True
+            return
+        self.pool.route(message)
+
+    def read_handoff(self) -> None:
+        got = 0
+        while got < READ_PER_TURN and not self.last_seen:
             try:
-                self.publishers.append(Publisher(context, tap.queue, keys.get(tap.config.name)))
-            except zmq.ZMQError as e:
-                self.close()
-                name, endpoint = tap.config.name, tap.config.endpoint
-                where = joiner.config.where(f"taps[{name}].endpoint")
-                msg = f"{where}: tap '{name}' cannot bind {endpoint} ({zmq.strerror(e.errno)})"
-                raise TapSocketError(msg) from e
-        if link is not None:
-            joiner.metrics.registry.register(link.metrics)
+                data = self.handoff.recv(1 << 20)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self.parent_gone = True
+                return
+            got += len(data)
+            for message in self.decoder.feed(data):
+                self.route(message)
 
-    def pump(self) -> bool:
-        """Send what the queues hold; True when records are still waiting."""
-        waiting = False
-        for publisher in self.publishers:
-            if publisher.queue.items:
-                waiting |= publisher.pump()
+    def poll(self, timeout_ms: float) -> None:
+        """Wait for input up to ``timeout_ms``, then handle what came."""
+        poller = select.poll()
+        handoff_fd = -1
+        if self.handoff is not None and not self.last_seen and not self.parent_gone:
+            handoff_fd = self.handoff.fileno()
+            poller.register(handoff_fd, select.POLLIN)
+        listener_fd = self.pool.listener.fileno()
+        poller.register(listener_fd, select.POLLIN)
+        for fd, wants_write in self.pool.fds():
+            poller.register(fd, select.POLLIN | (select.POLLOUT if wants_write else 0))
+        for fd, _ in poller.poll(timeout_ms):
+            if fd == handoff_fd:
+                self.read_handoff()
+            elif fd == listener_fd:
+                self.pool.accept()
             else:
-                publisher.drain_subscriptions()
-        return waiting
+                self.pool.readable(fd)
+        self.pool.flush()
+        self.pool.tick()
 
-    def heartbeat(self) -> None:
-        for publisher in self.publishers:
-            publisher.heartbeat()
-
-    def drain(self, deadline_s: float) -> int:
-        """Publish what is queued for up to ``deadline_s``; returns what was lost."""
-        deadline = time.monotonic() + deadline_s
-        while (self.pump() or self.in_flight()) and time.monotonic() < deadline:
-            time.sleep(RETRY_MS / 1000)
-        return sum(publisher.queue.close() for publisher in self.publishers)
-
-    def in_flight(self) -> int:
-        """Records handed to a transport and not yet confirmed (JetStream acks)."""
-        return sum(publisher.in_flight for publisher in self.publishers)
-
-    def close(self) -> None:
-        for publisher in self.publishers:
-            publisher.close()
-        if self.authenticator is not None:
-            self.authenticator.stop()
-            self.authenticator = None
-
-    def listing(self) -> list[dict]:
-        """What ``/shadow/taps`` shows of each tap."""
-        listing = []
-        for tap, publisher in zip(self.joiner.taps, self.publishers, strict=True):
-            config, queue = tap.config, tap.queue
-            listing.append(
-                {
-                    "name": config.name,
-                    "topic": config.topic,
-                    "endpoint": publisher.endpoint,
-                    "capture": config.capture,
-                    "curve": config.curve is not None,
-                    "filters": list(config.filters.names),
-                    "models": list(config.models),
-                    "sample": config.sample,
-                    "capacity": config.capacity,
-                    "transport": config.transport,
-                    **({"subject": config.subject} if config.subject else {}),
-                    "publisher_id": publisher.publisher_id,
-                    "next_seq": queue.next_seq,
-                    "queued": queue.queued,
-                    "published": queue.published,
-                    "dropped": dict(queue.dropped),
-                    "skipped": dict(queue.skipped),
-                    "publish_errors": queue.publish_errors,
-                    "queue_depth": len(queue.items),
-                }
-            )
-        return listing
-
-
-class TapSocketError(OSError):
-    """A tap's socket cannot be bound; the message names the key's line."""
+    def families(self) -> list[control.Family]:
+        totals = self.pool.totals
+        totals.update("main", self.metrics.snapshot())
+        return totals.families()
 
 
 def _jetstream_link(config: Config) -> Any:
     """The JetStream link when a tap publishes to NATS (None otherwise); it starts
-    connecting now, while the tokenizers load. Imported only then: a worker
-    without NATS taps does not load nats-py."""
+    connecting now, while the shards load the tokenizers. Imported only then: a
+    worker without NATS taps does not load nats-py."""
     if not any(tap.transport == "nats" for tap in config.taps):
         return None
     from shadow_proxy.worker.publishers.jetstream import JetStreamLink
@@ -154,28 +157,17 @@ def _jetstream_link(config: Config) -> Any:
     return JetStreamLink.for_config(config)
 
 
-def _load_models(config: Config) -> dict[str, LoadedModel]:
-    models = {}
-    for index, entry in enumerate(config.models):
-        try:
-            models[entry.name] = load_model(
-                entry.name,
-                entry.tokenizer,
-                entry.context_length,
-                template_engine=entry.template_engine,
-            )
-        except ModelLoadError as e:
-            msg = f"{config.where(f'models[{index}].tokenizer')}: {e}"
-            raise ModelLoadError(msg) from e
-    return models
-
-
-def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
-    """The worker process's main: load, say ready (or why not), loop until SIGTERM."""
+def run(
+    config: Config,
+    handoff_path: str,
+    control_endpoint: str,
+    checkpoint_path: str | None = None,
+    generation: int = 0,
+) -> int:
+    """The worker's main: start the shards and tap sockets, say ready (or why
+    not), loop until SIGTERM or the serving process is gone."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s worker: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the serving process decides when to stop
-    if config.worker.nice:
-        os.nice(config.worker.nice)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
 
@@ -193,92 +185,88 @@ def run(config: Config, handoff_endpoint: str, control_endpoint: str) -> int:
         return True
 
     link = _jetstream_link(config)
-    try:
-        joiner = Joiner(config, _load_models(config))
-        publishing = Publishing(joiner, context, link)
-        problem = link.startup_problem() if link is not None else None
-    except (ModelLoadError, TapSocketError, curve.CurveKeyError) as e:
-        problem = str(e)
-    if problem is not None:
-        say(control.Failed(problem))
+
+    def fail(message: str) -> int:
+        say(control.Failed(message))
         if link is not None:
             link.close()
         control_socket.close(linger=1000)
         context.term()
         return 1
 
-    pull = context.socket(zmq.PULL)
-    pull.setsockopt(zmq.RCVHWM, config.worker.handoff_capacity)
-    pull.setsockopt(zmq.LINGER, 0)
-    pull.connect(handoff_endpoint)
+    metrics = WorkerMetrics([])
+    try:
+        publishing = Publishing(
+            config,
+            context,
+            metrics.registry,
+            generation=generation,
+            checkpoint_path=checkpoint_path,
+            link=link,
+        )
+    except (TapSocketError, curve.CurveKeyError) as e:
+        return fail(str(e))
+    metrics.queues = publishing.queues
+    processes = config.worker.processes or default_processes()
+    pool = Pool(config, publishing, os.path.dirname(handoff_path), metrics.registry, processes)
+    pool.start()
+    main = Main(config, publishing, pool, metrics)
+    deadline = time.monotonic() + SHARDS_READY_S
+    while not pool.all_ready() and pool.failure is None and time.monotonic() < deadline:
+        if stop["now"]:
+            break
+        main.poll(100)
+    problem = link.startup_problem() if link is not None else None
+    if not pool.all_ready() or problem is not None:
+        pool.stop(0)
+        publishing.close()
+        why = problem or pool.failure
+        return fail(why or f"the tap worker's shards were not ready in {SHARDS_READY_S:.0f}s")
+    try:
+        main.connect(handoff_path)
+    except OSError as e:
+        pool.stop(0)
+        publishing.close()
+        return fail(f"hand-off: {e}")
+    achieved = priority.lower_priority(
+        fallback_nice=config.worker.nice, idle=config.worker.priority == "idle"
+    )
+    if achieved.fallback_reason:
+        log.warning("the tap worker runs at nice %d: %s", config.worker.nice,
+                    achieved.fallback_reason)  # fmt: skip
     say(control.Ready(publishing.listing()))
 
-    poller = zmq.Poller()
-    poller.register(pull, zmq.POLLIN)
     next_beat = time.monotonic() + HEARTBEAT_S
-    next_progress = 0.0
-    received = reported = 0  # hand-off bytes read, and last said (the serving side's credit)
     waiting = False
-    while not stop["now"]:
+    while not stop["now"] and not main.parent_gone:
         timeout_ms = RETRY_MS if waiting else max(0, (next_beat - time.monotonic()) * 1000)
-        if reported != received:
-            timeout_ms = min(timeout_ms, PROGRESS_S * 1000)
-        if poller.poll(timeout_ms):
-            for _ in range(BATCH):
-                try:
-                    frames = pull.recv_multipart(flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                received += sum(map(len, frames))
-                handle_safely(joiner, frames)
+        main.poll(timeout_ms)
         waiting = publishing.pump()
         now = time.monotonic()
-        if received != reported and now >= next_progress and say(control.Progress(received)):
-            reported, next_progress = received, now + PROGRESS_S
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
             publishing.heartbeat()
-            say(control.Snapshot(joiner.metrics.snapshot(), publishing.listing(), received))
+            say(control.Snapshot(main.families(), publishing.listing()))
 
     # Shutdown: what the serving loop sent before it stopped (up to its last
-    # message, which may still be in transit), then the queues.
+    # message, which may still be in transit), then the shards' open requests,
+    # then the queues.
     deadline = time.monotonic() + LAST_MESSAGE_WAIT_S
-    while time.monotonic() < deadline:
-        if not pull.poll(50):
-            continue
-        frames = pull.recv_multipart()
-        if frames[0][:1] == hf.KIND_LAST:
-            break
-        handle_safely(joiner, frames)
-    joiner.finish_pending()
-    lost = publishing.drain(control.DRAIN_S)
+    while not main.last_seen and not main.parent_gone and time.monotonic() < deadline:
+        main.poll(50)
+    lost = pool.stop(SHARDS_STOP_S)
+    lost += publishing.drain(control.DRAIN_S)
     publishing.heartbeat()
-    say(control.Snapshot(joiner.metrics.snapshot(), publishing.listing()))
+    say(control.Snapshot(main.families(), publishing.listing()))
     if lost:
         log.warning(
             "shutdown: %d queued record(s) lost after the %.0fs drain", lost, control.DRAIN_S
         )
     publishing.close()
-    pull.close()
+    if link is not None:
+        link.close()
+    if main.handoff is not None:
+        main.handoff.close()
     control_socket.close(linger=1000)
     context.term()
     return 0
-
-
-def handle_safely(joiner: Joiner, frames: list[bytes]) -> None:
-    """A malformed message or a bug in one record costs that record only. The
-    log line names the exception type and where it was raised, never its
-    message (which could quote client text)."""
-    try:
-        joiner.handle(frames)
-    except Exception as e:  # a bug in a record's building must not stop the worker
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        where = f"{Path(frame.filename).name}:{frame.lineno}"
-        kind = type(e)
-        name = (
-            kind.__qualname__
-            if kind.__module__ == "builtins"
-            else f"{kind.__module__}.{kind.__qualname__}"
-        )
-        joiner.metrics.failures.labels(name).inc()
-        log.error("hand-off message dropped: %s at %s", name, where)

@@ -21,7 +21,15 @@ from shadow_proxy.config import TapConfig
 #: worker tracked too many unfinished requests and gave up on the oldest.
 #: ``encode_error``: the record could not be encoded. ``projection_error``:
 #: this tap's filters failed on the request (e.g. input nested too deep).
-DROP_REASONS = ("full", "closed", "handoff_full", "evicted", "encode_error", "projection_error")
+#: ``late``: the request or record was older than ``worker.max_lag_s``
+#: (``worker/lag.py``). ``worker_died``: the worker process (or the shard)
+#: that held the request died or was stopped before its record existed.
+#: ``worker_error``: handling the request failed (a bug) before this tap's
+#: record existed.
+DROP_REASONS = (
+    "full", "closed", "handoff_full", "evicted", "encode_error", "projection_error", "late",
+    "worker_died", "worker_error",
+)  # fmt: skip
 
 
 @attrs.define
@@ -35,6 +43,8 @@ class TapQueue:
     dropped: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(DROP_REASONS, 0))
     skipped: dict[str, int] = attrs.field(factory=dict)
     items: collections.deque[bytes] = attrs.field(factory=collections.deque)
+    #: When each queued record was ready (monotonic ns): its lag is measured from there.
+    ready: collections.deque[int] = attrs.field(factory=collections.deque)
     closed: bool = False
 
     @property
@@ -46,7 +56,7 @@ class TapQueue:
         self.next_seq += 1
         return seq
 
-    def offer(self, payload: bytes) -> bool:
+    def offer(self, payload: bytes, ready_mono_ns: int = 0) -> bool:
         """Queue an encoded envelope; never blocks. False when dropped (counted)."""
         if self.closed:
             self.dropped["closed"] += 1
@@ -55,8 +65,13 @@ class TapQueue:
             self.dropped["full"] += 1
             return False
         self.items.append(payload)
+        self.ready.append(ready_mono_ns)
         self.queued += 1
         return True
+
+    def popleft(self) -> tuple[bytes, int]:
+        """The oldest queued record and when it was ready."""
+        return self.items.popleft(), self.ready.popleft()
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Count records lost before they reached the queue; their seqs are taken."""
@@ -74,4 +89,5 @@ class TapQueue:
         lost = len(self.items)
         self.dropped["closed"] += lost
         self.items.clear()
+        self.ready.clear()
         return lost

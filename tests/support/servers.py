@@ -38,10 +38,19 @@ async def serve(app: web.Application, *, handler_cancellation: bool = True) -> A
         await runner.cleanup()
 
 
+#: The tap worker's priority in tests. The default (SCHED_IDLE: CPU no other task
+#: wants) starves it on a machine shared with other jobs, which makes timings
+#: meaningless; the idle class is tested on its own (tests/unit/worker/test_priority.py,
+#: tests/integration/test_worker_pool.py).
+TEST_WORKER = {"priority": "nice", "nice": 5}
+
+
 def proxy_config(upstream_url: str, **options: Any) -> Config:
     """A valid config forwarding to ``upstream_url``, listening on any free
     loopback port; ``options`` as ``devtools.reference_taps.proxy_config`` takes
-    them (``models`` a name -> tokenizer mapping, ``taps``, top-level keys)."""
+    them (``models`` a name -> tokenizer mapping, ``taps``, top-level keys). The
+    worker runs at ``TEST_WORKER``'s priority unless ``worker`` says otherwise."""
+    options["worker"] = {**TEST_WORKER, **options.get("worker", {})}
     return Config.from_mapping(reference_taps.proxy_config(upstream_url, **options))
 
 

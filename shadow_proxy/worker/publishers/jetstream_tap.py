@@ -122,9 +122,9 @@ class JetStreamPublisher:
         items = self.queue.items
         room = min(self.capacity - (self.handed - self.settled), len(items))
         if room > 0:
-            handover = self.handover
+            handover, queue = self.handover, self.queue
             for _ in range(room):
-                handover.append(items.popleft())
+                handover.append(queue.popleft()[0])  # with its ready time (record lag)
             self.handed += room
             self.link.wake()
         return bool(items)

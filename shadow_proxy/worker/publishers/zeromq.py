@@ -7,16 +7,21 @@ the message silently. The record then stays in the tap's queue, the queue
 fills, and new records are dropped and counted as ``full``: every loss is
 counted by the proxy, none hides in ZeroMQ. LINGER is bounded so that closing
 never hangs on a stalled consumer.
+
+Each record sent has its lag observed (``worker/lag.py``); a queued record
+older than ``worker.max_lag_s`` is dropped as ``late`` instead of sent.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import zmq
 
 from shadow_proxy.records.wire import Heartbeat, encode_frames, heartbeat_topic, new_publisher_id
+from shadow_proxy.worker.lag import LagBound
 from shadow_proxy.worker.publishers.curve import TapKeys, make_server
 from shadow_proxy.worker.tap_queue import TapQueue
 
@@ -29,10 +34,23 @@ class Publisher:
     #: Records sent and not yet confirmed: none, a ZeroMQ send is final.
     in_flight = 0
 
-    def __init__(self, context: zmq.Context, queue: TapQueue, keys: TapKeys | None = None):
+    def __init__(
+        self,
+        context: zmq.Context,
+        queue: TapQueue,
+        keys: TapKeys | None = None,
+        *,
+        lag: Any = None,
+        bound: LagBound | None = None,
+        late: Any = None,
+    ):
         """Bind the tap's socket; with ``keys`` as a CURVE server (``curve.py``)."""
         config = queue.config
         self.queue = queue
+        #: The tap's lag histogram child, the late bound and the late counter child.
+        self.lag = lag
+        self.bound = bound or LagBound(None)
+        self.late = late
         self.topic = config.topic
         self.heartbeat_topic = heartbeat_topic(config.topic)
         self.publisher_id = new_publisher_id()
@@ -51,9 +69,19 @@ class Publisher:
     def pump(self) -> bool:
         """Send queued records until the queue is empty or the socket would
         block. Returns True when records are still waiting."""
-        items = self.queue.items
+        queue = self.queue
+        items = queue.items
         socket = self.socket
+        bound, lag = self.bound, self.lag
+        now = time.monotonic_ns()
         while items:
+            ready = queue.ready[0] if queue.ready else 0
+            if ready and bound.late(ready, now):
+                queue.popleft()
+                queue.dropped["late"] += 1
+                if self.late is not None:
+                    self.late.inc()
+                continue
             frames = encode_frames(
                 self.topic,
                 self.publisher_id,
@@ -66,13 +94,15 @@ class Publisher:
             except zmq.Again:
                 return True
             except zmq.ZMQError as e:
-                items.popleft()
-                self.queue.publish_errors += 1
-                log.warning("tap %s: publish failed: %s", self.queue.name, e.strerror)
+                queue.popleft()
+                queue.publish_errors += 1
+                log.warning("tap %s: publish failed: %s", queue.name, e.strerror)
                 continue
-            items.popleft()
+            queue.popleft()
             self.next_transport_sequence += 1
-            self.queue.published += 1
+            queue.published += 1
+            if lag is not None and ready:
+                lag.observe((now - ready) / 1e9)
         self.drain_subscriptions()
         return False
 
@@ -89,7 +119,7 @@ class Publisher:
         """Send the tap's state on ``{topic}.heartbeat``; a full pipe skips it."""
         queue = self.queue
         last = self.next_transport_sequence - 1 if self.next_transport_sequence else None
-        payload = Heartbeat(
+        beat = Heartbeat(
             tap=queue.name,
             publisher_id=self.publisher_id,
             next_seq=queue.next_seq,
@@ -98,19 +128,29 @@ class Publisher:
             published=queue.published,
             dropped={k: v for k, v in queue.dropped.items() if v},
             publish_errors=queue.publish_errors,
-        ).encode()
+        )
+        if self._send_heartbeat(beat, self.heartbeats_sent):
+            self.heartbeats_sent += 1
+
+    def last_words(self, beat: Heartbeat, sequence: int) -> None:
+        """A dead predecessor's final heartbeat (its publisher id, its final
+        ``next_seq`` and counters), sent on its behalf: consumers see the records
+        it lost as that publisher's tail loss (``channel/checkpoint.py``)."""
+        self._send_heartbeat(beat, sequence)
+
+    def _send_heartbeat(self, beat: Heartbeat, sequence: int) -> bool:
         frames = encode_frames(
             self.heartbeat_topic,
-            self.publisher_id,
-            self.heartbeats_sent,
+            beat.publisher_id,
+            sequence,
             time.time_ns() // 1_000_000,
-            payload,
+            beat.encode(),
         )
         try:
             self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
-            self.heartbeats_sent += 1
         except zmq.ZMQError:
-            pass
+            return False
+        return True
 
     def close(self) -> None:
         self.socket.close(linger=LINGER_MS)

@@ -25,6 +25,7 @@ NOT_MIRRORED_REASONS: tuple[str, ...] = (
     "missing_prompt",  # completions without `prompt` (or `prompt_embeds`)
     "invalid_field",  # a field of the wrong type or shape; the frontend rejects it too
     "batch_prompt",  # a guard: batches are split into one request per prompt before this
+    "prompt_over_budget",  # prompt text over worker.max_prompt_bytes: not rendered or encoded
     "template_error",  # the chat template failed (raise_exception included) or is missing
     "tokenizer_error",  # the tokenizer failed
     "previous_response",  # responses: `previous_response_id`, a prompt the frontend keeps

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shadow_proxy.worker.budget import chat_text_over, text_over
 from shadow_proxy.worker.request.fields import (
     U32,
     Reject,
@@ -50,6 +51,13 @@ def chat_tokens(
         return token_data
     if model.chat_template is None:
         raise Reject("template_error")
+    limit = model.max_prompt_bytes
+    if limit is not None:
+        # Dynamo's default leaves tools out with tool_choice none
+        # (--exclude-tools-when-tool-choice-none), so they do not count then.
+        counted = None if request.get("tool_choice") == "none" else tools
+        if chat_text_over(messages, counted, limit):
+            raise Reject("prompt_over_budget")  # not rendered, not encoded
     try:
         text = model.chat_template.render(request)
     except Reject:
@@ -114,10 +122,16 @@ def completion_tokens(model: LoadedModel, request: dict, multi_modal_data: dict)
 
 
 def encode(model: LoadedModel, text: str) -> list[int]:
+    """The prompt's ids: incrementally where the model's prompt encoder can (exact,
+    ``worker/request/incremental.py``), never past the prompt-bytes budget."""
     if "\0" in text:  # Dynamo strips NULs to avoid tokenizer divergence
         text = text.replace("\0", "")
+    limit = model.max_prompt_bytes
+    if limit is not None and text_over(text, limit):
+        raise Reject("prompt_over_budget")
+    encoder = model.prompt_encoder
     try:
-        return model.encode(text)
+        return encoder.encode(text) if encoder is not None else model.encode(text)
     except Exception:
         raise Reject("tokenizer_error") from None
 

@@ -71,6 +71,12 @@ class LoadedModel:
     #: model family's own pre-tokenizer or normalizer (e.g. for
     #: ``model_type: qwen2``), which changes the ids where the file disagrees.
     backend: Any = None
+    #: Encodes prompts (``worker/request/incremental.py``: exact, reusing the ids
+    #: of segments seen before); None: every prompt is encoded in full. Set by the
+    #: tap worker after loading; output text is always encoded in full.
+    prompt_encoder: Any = None
+    #: The prompt-bytes budget (``worker/budget.py``); None: no bound.
+    max_prompt_bytes: int | None = None
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens, as Dynamo's tokenizer encodes."""

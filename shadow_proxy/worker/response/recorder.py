@@ -96,6 +96,7 @@ class ResponseRecorder:
         max_unary_bytes: int = DEFAULT_MAX_UNARY_BYTES,
         max_chunk_offsets: int = DEFAULT_MAX_CHUNK_OFFSETS,
         max_choices: int = DEFAULT_MAX_CHOICES,
+        max_decoded_bytes: int | None = None,
     ) -> None:
         self.route = route
         self.n = max(1, n)
@@ -103,6 +104,11 @@ class ResponseRecorder:
         self._max_event_bytes = max_event_bytes
         self._max_unary = max_unary_bytes
         self._max_offsets = max_chunk_offsets
+        #: Work budget: bytes a content-encoded body may decode to (None: no bound).
+        self._max_decoded = max_decoded_bytes
+        self._decoded = 0
+        #: Why the body was read no further (a work budget), or None.
+        self.gave_up: str | None = None
 
         self._status: int | None = None
         self._decoder: BodyDecoder | None = None
@@ -168,8 +174,14 @@ class ResponseRecorder:
         if self._decoder is None:
             self._undecodable += len(data)
             return
+        encoded = self._decoder.kind != "identity" and self._max_decoded is not None
         try:
             for piece in self._decoder.decode(data):
+                if encoded:
+                    self._decoded += len(piece)
+                    if self._decoded > self._max_decoded:
+                        self.give_up(f"work budget: body decodes to over {self._max_decoded} bytes")
+                        return
                 self._consume(piece, offset_ns)
                 if self._ignoring:
                     return
@@ -178,6 +190,18 @@ class ResponseRecorder:
             self._undecodable += len(data)
             self._problem = clip(f"corrupt {self._encoding} body: {exc}")
             self._body = None
+
+    def give_up(self, reason: str) -> None:
+        """Read no more of the body (a work budget is spent): the record carries what
+        was read so far, its outcome ``incomplete`` with ``reason`` unless the
+        response had already failed or finished."""
+        if self._result is not None or self._ignoring:
+            return
+        self._ignoring = True
+        self.gave_up = reason
+        if self._problem is None:
+            self._problem = reason
+        self._body = None
 
     def finish(self, end: EndKind, offset_ns: int, detail: str = "") -> ObservedResponse:
         """The exchange is over: settle the outcome. Idempotent (later calls return

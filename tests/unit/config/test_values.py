@@ -47,7 +47,10 @@ class TestDefaults:
         assert worker.handoff_capacity == 65536
         assert worker.handoff_max_bytes == 256 * MIB
         assert worker.max_in_flight == 4096
-        assert worker.nice == 5
+        assert (worker.processes, worker.priority, worker.nice) == (None, "idle", 19)
+        assert (worker.max_lag_s, worker.max_rss_mb) == (30.0, 1024)
+        assert worker.tokenizer_cache_bytes == worker.max_decoded_bytes == 64 * MIB
+        assert (worker.max_prompt_bytes, worker.max_request_cpu_s) == (None, 5.0)
 
     def test_tap(self) -> None:
         t = tap("request")

@@ -63,24 +63,17 @@ class TestBeforeTheWorker:
 
 
 class TestControlMessages:
-    """Progress credits the hand-off; a snapshot replaces the metrics and the listing."""
-
-    async def test_progress(self, taps) -> None:
-        t, _ = taps
-        t._apply(control.Progress(bytes_read=4096))
-        assert t.handoff.acked_bytes == 4096
+    """A snapshot replaces the metrics and the listing."""
 
     async def test_snapshot(self, taps) -> None:
         t, registry = taps
         family = ["shadow_tap_queued", "counter", "Records put on the tap's queue.",
                   [["shadow_tap_queued_total", {"tap": "kv"}, 7.0]]]  # fmt: skip
         listing = [{"name": "kv", "next_seq": 7}]
-        t._apply(control.Snapshot(families=[family], taps=listing, bytes_read=123))
+        t._apply(control.Snapshot(families=[family], taps=listing))
         assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 7
         assert t.listing() == listing
-        assert t.handoff.acked_bytes == 123
-        t._apply(control.Snapshot(families=[], taps=listing))  # the final one: no bytes
-        assert t.handoff.acked_bytes == 123
+        t._apply(control.Snapshot(families=[], taps=listing))
         assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) is None
 
     async def test_ready_and_failed_change_nothing_while_serving(self, taps) -> None:

@@ -1,96 +1,109 @@
-"""The worker process's loop parts: a failing message, the publishing of tap queues."""
+"""The worker main's own part of the loop: the hello of the hand-off (what dead
+predecessors left to announce), routing to the pool, the serving loop's last
+message, and the serving process going away. (The main with its shards, for real:
+tests/integration/test_worker_pool.py.)"""
 
 from __future__ import annotations
 
+import socket
+import threading
+
+import msgpack
 import zmq
+from prometheus_client import CollectorRegistry
 
-from shadow_proxy.records import wire
-from shadow_proxy.worker.joiner import Joiner
-from shadow_proxy.worker.main import Publishing
-from tests.support.servers import proxy_config
-
-
-class TestWorkerFailures:
-    """A message the worker cannot process is dropped, counted and logged without its text."""
-
-    def test_malformed_message_counted_not_fatal(self, tmp_path, caplog):
-        from shadow_proxy.config import Config
-        from shadow_proxy.worker.joiner import Joiner
-        from shadow_proxy.worker.main import handle_safely
-
-        config = Config.from_mapping(
-            {
-                "schema_version": 1,
-                "upstream": {"url": "http://127.0.0.1:1"},
-                "taps": [{"name": "t", "capture": "request", "endpoint": f"ipc://{tmp_path}/t"}],
-            }
-        )
-        joiner = Joiner(config, {})
-        secret = b"sk-secret-in-a-body"
-        handle_safely(joiner, [b"q" + b"\0" * 8 + b"short-meta", secret])
-        failures = joiner.metrics.registry.get_sample_value(
-            "shadow_worker_failures_total", {"exception": "struct.error"}
-        )
-        assert failures == 1
-        assert "hand-off message dropped: struct.error at" in caplog.text
-        assert "sk-secret" not in caplog.text
-        assert "unpack requires" not in caplog.text, "the exception's message is logged"
+from shadow_proxy.channel import checkpoint as cp
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.config import Config
+from shadow_proxy.devtools.processes import reserve_endpoint
+from shadow_proxy.worker.main import Main
+from shadow_proxy.worker.metrics import WorkerMetrics
+from shadow_proxy.worker.publishing import Publishing
 
 
-def joiner_with_taps(*names: str) -> Joiner:
-    taps = [{"name": n, "capture": "request", "endpoint": f"inproc://{n}"} for n in names]
-    return Joiner(proxy_config("http://127.0.0.1:9", taps=taps), {})
+class RoutedTo:
+    """Stands for the pool: keeps what the main routes to it."""
+
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+
+    def route(self, message: bytes) -> None:
+        self.messages.append(message)
 
 
-class TestPublishing:
-    """Each tap's queue goes out on its own socket; the listing shows every counter."""
+def message(*frames: bytes) -> bytes:
+    return b"".join(hf.stream_buffers(list(frames))[0])
 
-    def test_listing(self) -> None:
+
+def serving_side(path: str, *messages: bytes) -> threading.Thread:
+    """Accepts the main's connection, writes ``messages``, then closes."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(b"".join(messages))
+        conn.close()
+        listener.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def main_for(context: zmq.Context) -> tuple[Main, RoutedTo]:
+    config = Config.from_mapping(
+        {
+            "schema_version": 1,
+            "upstream": {"url": "http://127.0.0.1:1"},
+            "taps": [{"name": "kv", "capture": "request", "endpoint": reserve_endpoint()}],
+        }
+    )
+    publishing = Publishing(config, context, CollectorRegistry())
+    pool = RoutedTo()
+    return Main(config, publishing, pool, WorkerMetrics(publishing.queues)), pool  # type: ignore[arg-type]
+
+
+class TestHandoff:
+    def test_hello_then_messages_then_the_last(self, tmp_path) -> None:
         context = zmq.Context()
-        joiner = joiner_with_taps("kv", "replay")
-        publishing = Publishing(joiner, context)
+        main, pool = main_for(context)
+        dead = cp.TapState(name="kv", publisher_id=5, next_seq=9, dropped={"worker_died": 2})
+        hello = msgpack.packb({"generation": 3, "lost_base": 4, "tombstones": [cp.to_plain(dead)]})
+        q = message(hf.KIND_REQUEST + hf.KEY.pack(1) + b"meta", b"rid", b"{}")
+        path = str(tmp_path / "h")
+        thread = serving_side(
+            path, message(hf.KIND_HELLO + hf.KEY.pack(0), hello), q, message(hf.LAST_MESSAGE)
+        )
         try:
-            joiner.taps[0].queue.take_seq()
-            joiner.taps[0].queue.offer(b"x")
-            kv, replay = publishing.listing()
-            assert set(kv) == {
-                "name", "topic", "endpoint", "capture", "filters", "models", "sample",
-                "capacity", "publisher_id", "next_seq", "queued", "published", "dropped",
-                "skipped", "publish_errors", "queue_depth", "transport", "curve",
-            }  # fmt: skip
-            assert (kv["name"], kv["endpoint"], kv["next_seq"], kv["queue_depth"]) == (
-                "kv", "inproc://kv", 1, 1,
-            )  # fmt: skip
-            assert kv["publisher_id"] != replay["publisher_id"]
-            assert kv["transport"] == "zmq"
-            assert replay["next_seq"] == 0
+            main.connect(path)
+            assert main.publishing.lost_seen == 4  # counted by the dead worker's final state
+            assert [beat.publisher_id for _, beat, _ in main.publishing._tombstones] == [5]
+            while not main.last_seen:
+                main.handoff.setblocking(True)
+                main.read_handoff()
+            assert pool.messages == [q]
+            assert not main.parent_gone
         finally:
-            publishing.close()
+            thread.join(5)
+            main.handoff.close()
+            main.publishing.close()
             context.term()
 
-    def test_pump_and_drain(self) -> None:
+    def test_the_serving_process_going_away(self, tmp_path) -> None:
         context = zmq.Context()
-        joiner = joiner_with_taps("kv")
-        publishing = Publishing(joiner, context)
-        sub = context.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"shadow-requests-kv")
-        sub.connect("inproc://kv")
-        [publisher] = publishing.publishers
+        main, _ = main_for(context)
+        path = str(tmp_path / "h")
+        hello = msgpack.packb({"generation": 1, "lost_base": 0, "tombstones": []})
+        thread = serving_side(path, message(hf.KIND_HELLO + hf.KEY.pack(0), hello))
         try:
-            assert publisher.socket.poll(5000), "no subscription"
-            queue = joiner.taps[0].queue
-            for payload in (b"a", b"b"):
-                queue.offer(payload)
-            assert publishing.pump() is False
-            queue.offer(b"c")
-            assert publishing.drain(2.0) == 0  # everything published in time
-            got = []
-            while sub.poll(1000):
-                got.append(wire.decode_frames(sub.recv_multipart()).payload)
-            assert got == [b"a", b"b", b"c"]
-            assert queue.closed and not queue.offer(b"d")
-            assert queue.dropped["closed"] == 1
+            main.connect(path)
+            thread.join(5)
+            main.handoff.setblocking(True)
+            main.read_handoff()
+            assert main.parent_gone and not main.last_seen
         finally:
-            sub.close(linger=0)
-            publishing.close()
+            main.handoff.close()
+            main.publishing.close()
             context.term()

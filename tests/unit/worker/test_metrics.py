@@ -4,7 +4,6 @@ and the snapshot the serving process relays."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
 
 from shadow_proxy.config.values import TapConfig
 from shadow_proxy.records.filters import FilterSet
@@ -59,16 +58,10 @@ class TestSnapshot:
         metrics.preprocess_seconds.labels("chat").observe(0.003)
         snapshot = metrics.snapshot()
         assert all(isinstance(f, list) and len(f) == 4 for f in snapshot)
-        families = []
-        for name, kind, doc, samples in snapshot:
-            family = Metric(name, doc, kind)
-            for sample_name, labels, value in samples:
-                family.add_sample(sample_name, labels, value)
-            families.append(family)
         registry = CollectorRegistry()
         relay = WorkerMetricsRelay()
         registry.register(relay)
-        relay.update(families)
+        relay.update(snapshot)
         for labels, name in (
             ({"tap": "kv"}, "shadow_tap_queued_total"),
             ({"route": "chat", "le": "0.005"}, "shadow_preprocess_seconds_bucket"),

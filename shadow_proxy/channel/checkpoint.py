@@ -1,0 +1,211 @@
+"""The tap worker's publishing state, kept where a SIGKILL cannot take it.
+
+Written by the worker's main (the one process that takes seqs and sends on tap
+sockets, ``worker/main.py``); read by the serving process after that worker
+died (``serving/handoff.py``). Pure apart from the mapped file: no aiohttp, no
+zmq.
+
+The rule that makes a worker's death countable: **the main sends no record
+whose seq it has not checkpointed.** It writes a checkpoint before each batch
+of sends (claiming the seqs taken so far) and after it (the counts sent). The
+file is mapped in memory, so a write is a few stores and the kernel keeps the
+pages when the process dies. Two slots, written in turn, each with a counter
+and a CRC: a write cut by the kill leaves the other slot, which still claims
+every seq that was sent.
+
+After the death the serving process knows what the worker could not: how many
+requests it handed over on that connection, how many it could not hand over,
+and how many arrived while no worker was there. ``final_states`` turns that
+and the checkpoint into each tap's final state: every request the dead worker
+had not resolved for a tap, every record it held unsent, counted as
+``worker_died`` with its seq taken in the dead publisher's space. The next
+worker announces these states on the dead publisher ids (a last heartbeat:
+``next_seq`` past the lost records), so a consumer counts the loss as the tail
+loss of that publisher, and ``/metrics`` continues from the final counters.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import msgpack
+
+#: Slot header: write counter, body length, CRC-32 of the body.
+_SLOT_HEADER = struct.Struct(">QII")
+
+
+@attrs.frozen
+class TapState:
+    """One tap's publisher as checkpointed: identity, sequences and loss counters."""
+
+    name: str
+    publisher_id: int
+    #: Seqs below this are taken (published, dropped, or queued to be sent).
+    next_seq: int = 0
+    #: Requests of this connection whose fate on this tap is decided (a record
+    #: queued or dropped with its seq, a skip, or not mirrored at all).
+    resolved: int = 0
+    next_transport: int = 0
+    heartbeats_sent: int = 0
+    queued: int = 0
+    published: int = 0
+    publish_errors: int = 0
+    dropped: dict[str, int] = attrs.field(factory=dict)
+    skipped: dict[str, int] = attrs.field(factory=dict)
+
+    @property
+    def unsent(self) -> int:
+        """Records with a seq that were neither sent, nor failed, nor counted lost."""
+        return self.next_seq - self.published - self.publish_errors - sum(self.dropped.values())
+
+
+@attrs.frozen
+class Checkpoint:
+    #: The worker's incarnation (given by the serving process at spawn).
+    generation: int
+    #: Requests the serving loop could not hand over, already counted by this worker.
+    lost_seen: int
+    taps: tuple[TapState, ...]
+
+    def encode(self) -> bytes:
+        return msgpack.packb(
+            [self.generation, self.lost_seen, [attrs.astuple(t, recurse=False) for t in self.taps]]
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> Checkpoint:
+        generation, lost_seen, taps = msgpack.unpackb(data, strict_map_key=False)
+        return cls(generation, lost_seen, tuple(TapState(*t) for t in taps))
+
+
+def final_states(
+    checkpoint: Checkpoint, *, requests_sent: int, lost_total: int, dead_requests: int
+) -> tuple[TapState, ...]:
+    """Each tap's state once the loss of a dead worker is counted.
+
+    ``requests_sent``: requests the serving loop handed to that worker (its
+    connection); ``lost_total``: requests it could not hand over, since start;
+    ``dead_requests``: requests that arrived while no worker was connected.
+    Lost per tap: the unresolved requests and the unsent records (reason
+    ``worker_died``, as are the dead-window requests) and the hand-off losses
+    the worker had not counted yet (``handoff_full``). Like ``handoff_full``,
+    a lost request counts on every tap, also those that would have skipped it.
+    """
+    handoff_lost = max(0, lost_total - checkpoint.lost_seen)
+    finals = []
+    for tap in checkpoint.taps:
+        unresolved = max(0, requests_sent - tap.resolved)
+        died = tap.unsent + unresolved + dead_requests
+        dropped = dict(tap.dropped)
+        if died:
+            dropped["worker_died"] = dropped.get("worker_died", 0) + died
+        if handoff_lost:
+            dropped["handoff_full"] = dropped.get("handoff_full", 0) + handoff_lost
+        finals.append(
+            attrs.evolve(
+                tap,
+                next_seq=tap.next_seq + unresolved + dead_requests + handoff_lost,
+                resolved=requests_sent,
+                dropped=dropped,
+            )
+        )
+    return tuple(finals)
+
+
+#: The per-tap counters a checkpoint holds, as metric sample names.
+COUNTER_SAMPLES = (
+    "shadow_tap_queued_total",
+    "shadow_tap_published_total",
+    "shadow_tap_dropped_total",
+    "shadow_tap_publish_errors_total",
+    "shadow_tap_skipped_total",
+)
+
+
+def counter_samples(state: TapState) -> list[tuple[str, dict[str, str], int]]:
+    """The tap's counters as ``(sample name, labels, value)``."""
+    tap = {"tap": state.name}
+    samples = [
+        ("shadow_tap_queued_total", tap, state.queued),
+        ("shadow_tap_published_total", tap, state.published),
+        ("shadow_tap_publish_errors_total", tap, state.publish_errors),
+    ]
+    for name, counts in (
+        ("shadow_tap_dropped_total", state.dropped),
+        ("shadow_tap_skipped_total", state.skipped),
+    ):
+        samples += [(name, {**tap, "reason": reason}, n) for reason, n in counts.items()]
+    return samples
+
+
+def to_plain(state: TapState) -> dict[str, Any]:
+    """A state as plain data (the hello message carries final states)."""
+    return attrs.asdict(state)
+
+
+def from_plain(data: dict[str, Any]) -> TapState:
+    return TapState(**data)
+
+
+class CheckpointFile:
+    """Two slots in a memory-mapped file; ``write`` alternates between them."""
+
+    def __init__(self, path: str | Path, slot_bytes: int):
+        self.path = str(path)
+        self.slot_bytes = slot_bytes
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, 2 * slot_bytes)
+            self._map = mmap.mmap(fd, 2 * slot_bytes)
+        finally:
+            os.close(fd)
+        self._count = 0
+
+    @staticmethod
+    def size_for(taps: int) -> int:
+        """Bytes per slot that hold ``taps`` tap states with room to spare."""
+        return 4096 + 1024 * taps
+
+    def write(self, checkpoint: Checkpoint) -> None:
+        body = checkpoint.encode()
+        if _SLOT_HEADER.size + len(body) > self.slot_bytes:
+            msg = f"checkpoint of {len(body)} bytes exceeds its slot of {self.slot_bytes}"
+            raise ValueError(msg)
+        self._count += 1
+        offset = (self._count % 2) * self.slot_bytes
+        start = offset + _SLOT_HEADER.size
+        self._map[start : start + len(body)] = body
+        _SLOT_HEADER.pack_into(self._map, offset, self._count, len(body), zlib.crc32(body))
+
+    def close(self) -> None:
+        self._map.close()
+
+
+def read_checkpoint(path: str | Path) -> Checkpoint | None:
+    """The newest whole checkpoint in the file (None: no file, or no whole slot)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return None
+    best: tuple[int, bytes] | None = None
+    slot = len(data) // 2
+    for offset in (0, slot):
+        if slot < _SLOT_HEADER.size:
+            break
+        count, length, crc = _SLOT_HEADER.unpack_from(data, offset)
+        body = data[offset + _SLOT_HEADER.size : offset + _SLOT_HEADER.size + length]
+        whole = count and len(body) == length and zlib.crc32(body) == crc
+        if whole and (best is None or count > best[0]):
+            best = (count, body)
+    if best is None:
+        return None
+    try:
+        return Checkpoint.decode(best[1])
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None

@@ -1,0 +1,94 @@
+"""The work budget of one request in the tap worker.
+
+Pure. Every bound here is checked before the work it bounds, or between
+steps of it, so one request (hostile or just huge) cannot take a shard's
+memory or its CPU without limit:
+
+- **prompt bytes** (``worker.max_prompt_bytes``; by default, per model, the
+  context length times the longest token's UTF-8 bytes, beyond which the prompt
+  cannot fit the context whatever its tokens): the message and tool sizes are
+  estimated before the template is rendered (tools are measured with
+  ``json.dumps`` until the bound is passed), and the rendered text is measured
+  before it is encoded. Past the bound the request is not mirrored
+  (``prompt_over_budget``). Tokens encoded are bounded with it: a token covers
+  at least one byte. A template that renders less than the messages' text
+  (one that ignores tools, say) can make the estimate refuse a prompt the
+  frontend would take: counted, never silent;
+- **decoded bytes** (``worker.max_decoded_bytes``): a content-encoded response
+  body is decoded up to this many bytes; past it the record carries what was
+  read, with the reason (``ResponseRecorder.give_up``);
+- **CPU time** (``worker.max_request_cpu_s``): a shard charges each request the
+  thread CPU time of the messages it handled for it; past the bound, its
+  response is not read further and the record carries what was read.
+
+The shard restarts itself between requests past ``worker.max_rss_mb``
+(``worker/pool.py``), every in-flight record accounted for.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+MIB = 1024 * 1024
+#: When the model's context length is unknown.
+DEFAULT_PROMPT_BYTES = 64 * MIB
+
+
+@attrs.frozen
+class Budget:
+    #: None: derived per model (``prompt_bytes``).
+    max_prompt_bytes: int | None = None
+    max_decoded_bytes: int = 64 * MIB
+    max_request_cpu_s: float = 5.0
+
+    def prompt_bytes(self, context_length: int | None, longest_token_bytes: int) -> int:
+        if self.max_prompt_bytes is not None:
+            return self.max_prompt_bytes
+        if context_length is None:
+            return DEFAULT_PROMPT_BYTES
+        return context_length * max(1, longest_token_bytes)
+
+
+def longest_token_bytes(backend: Any) -> int:
+    """UTF-8 bytes of the longest token of a ``tokenizers.Tokenizer`` vocabulary, added
+    tokens included: no token stands for more text than this (byte-level and
+    Metaspace tokens stand for fewer bytes than their spelling)."""
+    vocab = backend.get_vocab(with_added_tokens=True)
+    return max((len(token.encode("utf-8")) for token in vocab), default=1)
+
+
+def chat_text_over(messages: Iterable[Any], tools: Any, limit: int) -> bool:
+    """Whether the messages' text and the tools' JSON certainly exceed ``limit``
+    characters (stops measuring as soon as they do)."""
+    total = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str):
+                    total += len(text)
+        if total > limit:
+            return True
+    if isinstance(tools, list):
+        for tool in tools:
+            try:
+                total += len(json.dumps(tool, ensure_ascii=False))
+            except (TypeError, ValueError, RecursionError):
+                return False  # the template will fail on it the same way
+            if total > limit:
+                return True
+    return False
+
+
+def text_over(text: str, limit: int) -> bool:
+    """Whether ``text`` is longer than ``limit`` bytes in UTF-8."""
+    if len(text) > limit:
+        return True
+    return len(text) * 4 > limit and len(text.encode("utf-8", "surrogatepass")) > limit

@@ -1,0 +1,106 @@
+"""What a shard sets up once: its models (each with an exact incremental prompt
+encoder and its prompt-bytes budget), the tokenizer metrics, and the guard that
+keeps one message's failure from stopping it. Runs in a shard (``worker/shard.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from pathlib import Path
+
+import attrs
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shadow_proxy.config import Config
+from shadow_proxy.worker.budget import Budget, longest_token_bytes
+from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker.request.incremental import IncrementalEncoder
+from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
+
+log = logging.getLogger("shadow_proxy.worker.shard")
+
+
+class TokenizerMetrics(Collector):
+    """Incremental tokenization, per model: tokens encoded vs reused, cache bytes."""
+
+    def __init__(self, models: dict[str, LoadedModel]):
+        self.models = models
+
+    def collect(self):
+        tokens = CounterMetricFamily(
+            "shadow_tokenizer_tokens",
+            "Prompt tokens returned, by source: encoded by the tokenizer, or reused "
+            "(cached segments and added tokens).",
+            labels=["model", "source"],
+        )
+        cache = GaugeMetricFamily(
+            "shadow_tokenizer_cache_bytes",
+            "Bytes held by the prompt segment cache.",
+            labels=["model"],
+        )
+        incremental = GaugeMetricFamily(
+            "shadow_tokenizer_incremental_processes",
+            "Processes encoding prompts incrementally (0: the tokenizer is not provably "
+            "segmentable, every prompt is encoded in full).",
+            labels=["model"],
+        )
+        for name, model in self.models.items():
+            encoder = model.prompt_encoder
+            if encoder is None:
+                continue
+            tokens.add_metric([name, "encoded"], encoder.encoded_tokens)
+            tokens.add_metric([name, "reused"], encoder.returned_tokens - encoder.encoded_tokens)
+            cache.add_metric([name], encoder.cache.size_bytes)
+            incremental.add_metric([name], 0 if encoder.fallback_reason else 1)
+        return [tokens, cache, incremental]
+
+
+def load_models(config: Config) -> dict[str, LoadedModel]:
+    """The configured models, each with its prompt encoder and prompt-bytes budget."""
+    worker = config.worker
+    budget = Budget(worker.max_prompt_bytes, worker.max_decoded_bytes, worker.max_request_cpu_s)
+    cache_bytes = worker.tokenizer_cache_bytes // max(1, len(config.models))
+    models = {}
+    for index, entry in enumerate(config.models):
+        try:
+            model = load_model(
+                entry.name,
+                entry.tokenizer,
+                entry.context_length,
+                template_engine=entry.template_engine,
+            )
+        except ModelLoadError as e:
+            msg = f"{config.where(f'models[{index}].tokenizer')}: {e}"
+            raise ModelLoadError(msg) from e
+        encoder = None
+        if cache_bytes > 0:
+            encoder = IncrementalEncoder.for_tokenizer(model.backend, cache_bytes)
+            if encoder.fallback_reason:
+                log.warning("model %r: prompts encoded in full (%s)", entry.name,
+                            encoder.fallback_reason)  # fmt: skip
+        limit = budget.prompt_bytes(model.context_length, longest_token_bytes(model.backend))
+        models[entry.name] = attrs.evolve(model, prompt_encoder=encoder, max_prompt_bytes=limit)
+    return models
+
+
+def handle_safely(joiner: Joiner, frames: list[bytes]) -> bool:
+    """A malformed message or a bug in one record costs that record only. The
+    log line names the exception type and where it was raised, never its
+    message (which could quote client text). False when it failed."""
+    try:
+        joiner.handle(frames)
+    except Exception as e:  # a bug in a record's building must not stop the worker
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        kind = type(e)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
+        joiner.metrics.failures.labels(name).inc()
+        log.error("hand-off message dropped: %s at %s", name, where)
+        return False
+    return True

@@ -1,0 +1,119 @@
+"""The shards of the tap worker as records of its main (``worker/pool.py``): one
+shard's process, socket and pending output; an open request; how a shard is
+spawned, how its output is written without blocking; the pool's own metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.config import Config
+
+_IOV_MAX = 512
+
+
+def default_processes() -> int:
+    """One shard per core the sidecar is given: the CPU affinity, capped by the
+    cgroup's CPU quota (``cpu.max``) when there is one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+@attrs.define(eq=False)
+class Shard:
+    index: int
+    token: int
+    process: subprocess.Popen
+    started: float
+    sock: socket.socket | None = None
+    decoder: hf.StreamDecoder = attrs.field(factory=hf.StreamDecoder)
+    out: list[bytes] = attrs.field(factory=list)
+    out_bytes: int = 0
+    ready: bool = False
+    #: Takes no new request; exits once its open requests are done.
+    retiring: bool = False
+    drain_deadline: float = 0.0
+    exit_sent: bool = False
+    keys: set[bytes] = attrs.field(factory=set)
+    info: dict = attrs.field(factory=dict)
+    #: It was started to replace a recycled shard.
+    replaces: bool = False
+
+
+@attrs.define(eq=False)
+class OpenRequest:
+    shard: Shard
+    #: Records the request still owes, per tap index (before the shard's first
+    #: settle: one on every tap). The shard may keep a request that owes none, for
+    #: the prompt-token check at its end.
+    waiting: dict[int, int]
+    #: A message of it could not be forwarded: its end goes as a lost capture.
+    lost: bool = False
+
+
+def spawn_shard(config: Config, path: str, processes: int, index: int, token: int) -> Shard:
+    """Start ``python -m shadow_proxy.worker.shard``, its arguments pickled on stdin.
+    One Rust thread for the tokenizer: N shards on N cores, not N x N threads."""
+    env = {**os.environ, "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shadow_proxy.worker.shard"],
+        stdin=subprocess.PIPE,
+        env=env,
+        close_fds=True,
+    )
+    process.stdin.write(pickle.dumps((config, token, path, processes)))
+    process.stdin.close()
+    return Shard(index, token, process, time.monotonic())
+
+
+def write_out(shard: Shard) -> None:
+    """Write what the shard's pipe takes now; keep the rest (never blocks)."""
+    while shard.out:
+        try:
+            sent = shard.sock.sendmsg(shard.out[:_IOV_MAX])
+        except BlockingIOError:
+            return
+        except OSError:
+            return  # its end is gone: the read side sees the EOF
+        shard.out_bytes -= sent
+        hf.consume(shard.out, sent)
+
+
+class PoolMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.restarts = Counter(
+            "shadow_worker_shard_restarts",
+            "Shards started again, by reason (died: a crash or a kill; recycled: over "
+            "worker.max_rss_mb, replaced between requests).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("died", "recycled"):
+            self.restarts.labels(reason)
+        self.processes = Gauge(
+            "shadow_worker_processes", "Tap worker processes (shards) running.", registry=registry
+        )
+        self.idle = Gauge(
+            "shadow_worker_idle_processes",
+            "Shards in the idle scheduling class (the others fell back to a nice level).",
+            registry=registry,
+        )

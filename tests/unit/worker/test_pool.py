@@ -1,0 +1,198 @@
+"""The pool as the worker's main sees it, with the shards' ends played by sockets:
+routing by key, a request's messages following it, the per-shard bound, lag at
+intake, settles, and a shard's death costing exactly the records still owed."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+from prometheus_client import CollectorRegistry
+
+from shadow_proxy.channel import frames as hf
+from shadow_proxy.config import Config
+from shadow_proxy.devtools.processes import reserve_endpoint
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker import shard_wire as sw
+from shadow_proxy.worker.pool import Pool
+from shadow_proxy.worker.publishing import Publishing
+from shadow_proxy.worker.shards import Shard
+
+KV, REPLAY = 0, 1
+BOUND = 100_000
+
+
+class ShardEnd:
+    """The shard's end of its socket."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.sock.settimeout(0.2)
+        self.decoder = hf.StreamDecoder()
+
+    def received(self) -> list[bytes]:
+        out = []
+        while True:
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                return out
+            if not data:
+                return out
+            out += self.decoder.feed(data)
+
+    def send(self, *messages: list[bytes]) -> None:
+        self.sock.sendall(b"".join(b"".join(hf.stream_buffers(m)[0]) for m in messages))
+
+
+@pytest.fixture
+def pool(tmp_path):
+    config = Config.from_mapping(
+        {
+            "schema_version": 1,
+            "upstream": {"url": "http://127.0.0.1:1"},
+            "worker": {"processes": 2, "handoff_max_bytes": BOUND, "max_lag_s": 1.0},
+            "taps": [
+                {"name": "kv", "capture": "request", "endpoint": reserve_endpoint()},
+                {"name": "replay", "capture": "request_response", "endpoint": reserve_endpoint()},
+            ],
+        }
+    )
+    context = zmq.Context()
+    registry = CollectorRegistry()
+    publishing = Publishing(config, context, registry)
+    pool = Pool(config, publishing, str(tmp_path), registry, processes=2)
+    ends, processes = [], []
+    for index in range(2):
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        processes.append(process)
+        shard = Shard(index, index + 1, process, time.monotonic(), sock=ours, ready=True)
+        pool.shards[shard.token] = shard
+        pool.slots[index] = shard
+        pool.by_fd[ours.fileno()] = shard
+        ends.append(ShardEnd(theirs))
+    pool.stopping = True  # nothing is started again in these tests
+    yield pool, publishing, ends
+    for process in processes:
+        process.kill()
+        process.wait()
+    for end in ends:
+        end.sock.close()
+    for shard in list(pool.by_fd.values()):
+        shard.sock.close()
+    pool.listener.close()
+    publishing.close()
+    context.term()
+
+
+def q(key: int, body: bytes = b"{}", age_s: float = 0.0, lost_before: int = 0) -> bytes:
+    arrival = time.monotonic_ns() - int(age_s * 1e9)
+    meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), arrival, lost_before)
+    frames = [hf.KIND_REQUEST + hf.KEY.pack(key) + meta, b"rid", body, b"", b""]
+    return b"".join(hf.stream_buffers(frames)[0])
+
+
+def c(key: int, data: bytes = b"data: x\n\n") -> bytes:
+    index, joined = hf.pack_chunks([1], [data])
+    return b"".join(hf.stream_buffers([hf.KIND_CHUNK + hf.KEY.pack(key), b"", index, joined])[0])
+
+
+def e(key: int) -> bytes:
+    meta = hf.END_META.pack(EndKind.CLEAN, 5)
+    frames = [hf.KIND_END + hf.KEY.pack(key) + meta, b"", b"", b"", b""]
+    return b"".join(hf.stream_buffers(frames)[0])
+
+
+def kinds(messages: list[bytes]) -> list[tuple[bytes, int]]:
+    return [(hf.peek(m)[0], hf.KEY.unpack(hf.peek(m)[1])[0]) for m in messages]
+
+
+def dropped(publishing: Publishing, tap: int, reason: str) -> int:
+    return publishing.queues[tap].dropped[reason]
+
+
+class TestRouting:
+    """A request goes to a ready shard by its key; its chunks and end follow it."""
+
+    def test_by_key_and_following(self, pool) -> None:
+        p, _, (zero, one) = pool
+        for message in (q(10), q(11), c(10), e(11), e(10), c(99)):
+            p.route(message)
+        p.flush()
+        got = {0: kinds(zero.received()), 1: kinds(one.received())}
+        assert got == {0: [(b"q", 10), (b"c", 10), (b"e", 10)], 1: [(b"q", 11), (b"e", 11)]}
+
+    def test_lost_before_counted_once_per_tap(self, pool) -> None:
+        p, publishing, _ = pool
+        p.route(q(1, lost_before=3))
+        p.route(q(2, lost_before=3))
+        assert (
+            dropped(publishing, KV, "handoff_full")
+            == dropped(publishing, REPLAY, "handoff_full")
+            == 3
+        )
+        assert publishing.resolved == [0, 0]  # never handed over on this connection
+
+
+class TestBoundsAndLag:
+    def test_a_full_shard_pipe_drops_the_request_on_every_tap(self, pool) -> None:
+        p, publishing, _ = pool
+        p.route(q(0, body=b"x" * (BOUND // 2 + 1)))  # over this shard's half
+        assert (
+            dropped(publishing, KV, "handoff_full")
+            == dropped(publishing, REPLAY, "handoff_full")
+            == 1
+        )
+        assert publishing.resolved == [1, 1] and p.open == {}
+
+    def test_a_dropped_chunk_makes_the_end_a_lost_capture(self, pool) -> None:
+        p, _, (zero, _) = pool
+        p.route(q(0))
+        p.route(c(0, b"y" * (BOUND // 2 + 1)))
+        p.route(c(0))  # not forwarded either: the copy is no longer whole
+        p.route(e(0))
+        p.flush()
+        messages = zero.received()
+        assert kinds(messages) == [(b"q", 0), (b"e", 0)]
+        end = hf.split_frames(messages[1])
+        assert hf.END_META.unpack(end[0][hf.HEADER :])[0] == EndKind.CAPTURE_LOST
+
+    def test_late_at_intake(self, pool) -> None:
+        p, publishing, (zero, _) = pool
+        p.route(q(0, age_s=2.0))
+        p.flush()
+        assert zero.received() == []
+        assert dropped(publishing, KV, "late") == dropped(publishing, REPLAY, "late") == 1
+
+
+class TestSettlesAndDeath:
+    """A shard's death costs the records its open requests still owe: no more, no less."""
+
+    def test_death_counts_what_is_owed(self, pool) -> None:
+        p, publishing, (zero, _) = pool
+        for key in (0, 2, 4):  # all to shard 0
+            p.route(q(key))
+        p.flush()
+        zero.received()
+        # Request 0: kv's record done, replay's owed. Request 2: a batch of 3 prompts
+        # owing replay 3 records. Request 4: never settled (every tap owed once).
+        zero.send(sw.settle(hf.KEY.pack(0), [REPLAY], False),
+                  sw.settle(hf.KEY.pack(2), [REPLAY] * 3, False))  # fmt: skip
+        shard = p.slots[0]
+        fd = shard.sock.fileno()
+        deadline = time.monotonic() + 5
+        while publishing.resolved != [2, 0] and time.monotonic() < deadline:
+            p.readable(fd)
+        assert publishing.resolved == [2, 0]
+        zero.sock.close()  # the shard dies
+        p.readable(fd)
+        assert dropped(publishing, REPLAY, "closed") == 1 + 3 + 1  # stopping: closed
+        assert dropped(publishing, KV, "closed") == 1
+        assert publishing.resolved == [3, 3]
+        assert p.open == {} and p.slots[0] is None

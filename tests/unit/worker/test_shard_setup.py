@@ -1,0 +1,76 @@
+"""A shard's set-up: models with their prompt encoder and budget; one message's
+failure counted and logged without its text."""
+
+from __future__ import annotations
+
+from shadow_proxy.config import Config
+from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker.request.incremental import IncrementalEncoder
+from shadow_proxy.worker.shard_setup import TokenizerMetrics, handle_safely, load_models
+
+
+def config(model_dirs, **worker) -> Config:
+    return Config.from_mapping(
+        {
+            "schema_version": 1,
+            "upstream": {"url": "http://127.0.0.1:1"},
+            "models": [
+                {"name": "deepseek", "tokenizer": str(model_dirs["deepseek"])},
+                {"name": "chatml", "tokenizer": str(model_dirs["chatml"]), "context_length": 100},
+            ],
+            "worker": worker,
+        }
+    )
+
+
+class TestModels:
+    """Each model gets an incremental encoder (its share of the cache) and a budget."""
+
+    def test_encoders_and_budgets(self, model_dirs) -> None:
+        models = load_models(config(model_dirs, tokenizer_cache_bytes=1 << 20))
+        for model in models.values():
+            assert isinstance(model.prompt_encoder, IncrementalEncoder)
+            assert model.prompt_encoder.fallback_reason is None
+            assert model.prompt_encoder.cache.max_bytes == (1 << 20) // 2
+        # The context length times the longest token's bytes (chatml: 26).
+        assert models["chatml"].max_prompt_bytes == 100 * 26
+        assert models["deepseek"].max_prompt_bytes == 32768 * 256
+
+    def test_cache_off_and_explicit_budget(self, model_dirs) -> None:
+        models = load_models(config(model_dirs, tokenizer_cache_bytes=0, max_prompt_bytes=1000))
+        assert all(m.prompt_encoder is None for m in models.values())
+        assert all(m.max_prompt_bytes == 1000 for m in models.values())
+
+    def test_tokenizer_metrics(self, model_dirs) -> None:
+        models = load_models(config(model_dirs))
+        models["deepseek"].prompt_encoder.encode("hello there")
+        families = {f.name: f for f in TokenizerMetrics(models).collect()}
+        encoded = [
+            s.value for s in families["shadow_tokenizer_tokens"].samples
+            if s.labels == {"model": "deepseek", "source": "encoded"}
+        ]  # fmt: skip
+        assert encoded == [2]
+        assert {s.value for s in families["shadow_tokenizer_incremental_processes"].samples} == {1}
+
+
+class TestWorkerFailures:
+    """A message the worker cannot process is dropped, counted and logged without its text."""
+
+    def test_malformed_message_counted_not_fatal(self, tmp_path, caplog) -> None:
+        config = Config.from_mapping(
+            {
+                "schema_version": 1,
+                "upstream": {"url": "http://127.0.0.1:1"},
+                "taps": [{"name": "t", "capture": "request", "endpoint": f"ipc://{tmp_path}/t"}],
+            }
+        )
+        joiner = Joiner(config, {})
+        secret = b"sk-secret-in-a-body"
+        assert handle_safely(joiner, [b"q" + b"\0" * 8 + b"short-meta", secret]) is False
+        failures = joiner.metrics.registry.get_sample_value(
+            "shadow_worker_failures_total", {"exception": "struct.error"}
+        )
+        assert failures == 1
+        assert "hand-off message dropped: struct.error at" in caplog.text
+        assert "sk-secret" not in caplog.text
+        assert "unpack requires" not in caplog.text, "the exception's message is logged"
