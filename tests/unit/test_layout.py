@@ -16,12 +16,10 @@ UNIT = ROOT / "tests" / "unit"
 PENDING = {
     "records/jetstream_source.py",
     "serving/server.py",
-    "worker/encoding.py",
     "worker/publishers/curve.py",
     "worker/request/templates/dynamo_messages.py",
     "worker/request/templates/jinja2_env.py",
     "worker/request/templates/minijinja_env.py",
-    "worker/response/batch.py",
     "replay/cli.py",
     "replay/report.py",
     "replay/runner.py",
