@@ -16,7 +16,6 @@ UNIT = ROOT / "tests" / "unit"
 PENDING = {
     "records/jetstream_source.py",
     "serving/server.py",
-    "worker/publishers/curve.py",
     "worker/publishers/jetstream.py",
     "worker/publishers/jetstream_metrics.py",
     "worker/publishers/jetstream_stream.py",
