@@ -15,7 +15,6 @@ UNIT = ROOT / "tests" / "unit"
 #: test file fails ``test_pending_list_is_current`` until it leaves the list.
 PENDING = {
     "records/jetstream_source.py",
-    "serving/server.py",
     "worker/publishers/jetstream.py",
     "worker/publishers/jetstream_metrics.py",
     "worker/publishers/jetstream_stream.py",
