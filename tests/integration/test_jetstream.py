@@ -35,15 +35,13 @@ from shadow_proxy.serving.app import TAPS
 from shadow_proxy.serving.supervisor import StartupError
 from shadow_proxy.worker.publishers.jetstream import PENDING_BYTES
 from tests.integration.jetstream_helpers import (
-    MODEL,
     REFERENCE_TAPS,
     consumer_cli,
-    envelopes,
     jetstream_config,
     on_nats,
-    tap_messages,
 )
-from tests.integration.nats_harness import stream_info
+from tests.support.jetstream import MODEL, envelopes, tap_messages
+from tests.support.nats import stream_info
 from tests.support.servers import run_proxy, serve
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]

@@ -83,4 +83,3 @@ class TestIsolation:
         joiner.handle([hf.KIND_REQUEST + hf.KEY.pack(2) + meta, b"rid-2", raw, b""])
         assert all(len(t.queue.items) == 0 for t in joiner.taps)
         assert joiner.metrics.not_mirrored.labels("invalid_json")._value.get() == 1
-

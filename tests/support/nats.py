@@ -1,4 +1,5 @@
-"""Real nats-server processes for the JetStream tests, and ways to look into a stream.
+"""Real nats-server processes for the JetStream tests (unit and integration), and
+ways to look into a stream.
 
 Fixtures: ``nats_server`` (one server with JetStream) and ``nats_cluster`` (three
 servers routed into one JetStream cluster), each on free loopback ports with
