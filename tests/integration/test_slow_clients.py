@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from shadow_proxy.devtools.processes import reserve_port
 from tests.integration.harness import (
     Proxy,
     RawFrontend,
     config_text,
-    new_port,
     sample,
 )
 
@@ -36,7 +36,7 @@ class TestBodyTimeout:
     @pytest.mark.parametrize("trickle", [False, True])
     async def test_408_at_the_timeout(self, tmp_path, trickle):
         async with RawFrontend() as frontend:
-            text = config_text(new_port(), frontend.url, listen="body_timeout_s: 2")
+            text = config_text(reserve_port(), frontend.url, listen="body_timeout_s: 2")
             proxy = Proxy(tmp_path, text).start()
             try:
                 await proxy.wait_ready()

@@ -45,11 +45,7 @@ def started(directory: Path, size: int) -> Iterator[NatsCluster]:
         cluster.start()
         yield cluster
     finally:
-        for server in cluster.servers:
-            if server.running:
-                server.stop()
-            elif server.process is not None:
-                server.kill()
+        cluster.stop()  # whatever the test did to them: a paused server is resumed first
 
 
 @pytest.fixture
