@@ -64,6 +64,7 @@ from shadow_proxy.devtools.processes import (
     reserve_endpoint,
     reserve_port,
     wait_http_ok,
+    wait_until,
 )
 from shadow_proxy.devtools.reference_taps import (
     TAP_NAMES,
@@ -129,7 +130,10 @@ class Setup:
             consumer = service(f"consumer-{case}-{i}", argv, scratch)
             self.pids[f"consumer-{i}"] = consumer.pid
             self.consumers.append((name, consumer, summary))
-        await asyncio.sleep(1.0)  # the ZeroMQ subscriptions reach the PUB sockets
+        if case != "taps-nats":  # a durable reads the stream from its start: no wait
+            # The ZeroMQ subscriptions reach the PUB sockets: nothing says when
+            # (the consumers report at --interval 60 only), hence a bound.
+            await asyncio.sleep(1.0)
         return self
 
     def finish(self) -> dict[str, Any]:
@@ -155,6 +159,14 @@ class Setup:
             self.proxy.terminate()
 
 
+def settled(url: str) -> bool:
+    """The worker's latest snapshot (relayed every second) says that no record
+    waits in a tap's queue or for JetStream's acknowledgement."""
+    pattern = r'^shadow_tap_(?:queue_depth|awaiting_ack)\{tap="[^"]+"\} (\S+)$'
+    values = re.findall(pattern, get_text(url), re.M)
+    return bool(values) and all(float(v) == 0 for v in values)
+
+
 def ack_buckets(url: str) -> dict[float, float]:
     """``shadow_tap_ack_seconds`` buckets summed over taps (cumulative)."""
     out: dict[float, float] = {}
@@ -176,7 +188,12 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsClust
         with RssSampler(setup.pids) as sampler:
             report = await run_load(_with(spec, url=setup.url))
         own = time.process_time() - own_before
-        await asyncio.sleep(1.5)  # the worker's last acknowledgements and snapshot
+        await wait_until(
+            lambda: settled(setup.url + "/metrics"),
+            30,
+            0.2,
+            what="the worker's snapshot: every tap's queue empty, every record acknowledged",
+        )
         acks_after = ack_buckets(setup.url + "/metrics")
         cpu_after = {role: cpu_seconds(pid) for role, pid in setup.pids.items()}
         consumers = setup.finish()
