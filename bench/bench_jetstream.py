@@ -55,6 +55,7 @@ from bench.proxy_bench import (
     machine,
     rss_mb,
     service,
+    stop_consumers,
 )
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
@@ -138,19 +139,8 @@ class Setup:
 
     def finish(self) -> dict[str, Any]:
         """Let the backlog arrive, stop the consumers; each tap's totals."""
-        time.sleep(2.5)
-        out = {}
-        for name, consumer, path in self.consumers:
-            consumer.terminate()
-            try:
-                s = json.loads(path.read_text())
-            except (OSError, ValueError):
-                out[name] = {"error": "no summary"}
-                continue
-            out[name] = {k: s.get(k) for k in ("records", "tap_gaps", "tail_loss", "duplicates")}
-            heartbeat = (s.get("publishers") or [{}])[0].get("last_heartbeat") or {}
-            out[name]["dropped"] = heartbeat.get("dropped", {})
-        return out
+        time.sleep(2.5)  # a heartbeat, and the backlog: the consumers report only at the end
+        return stop_consumers(self.consumers, ("records", "tap_gaps", "tail_loss", "duplicates"))
 
     def stop(self) -> None:
         for _, consumer, _ in self.consumers:
