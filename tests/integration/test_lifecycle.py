@@ -15,7 +15,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from shadow_proxy.devtools.processes import reserve_port, wait_until
+from shadow_proxy.devtools.processes import bound_socket, reserve_port, wait_until
 from shadow_proxy.serving.lifeline import EXIT_AFTER_S
 from tests.integration.harness import (
     Proxy,
@@ -149,9 +148,7 @@ class TestStartupErrors:
     """One line naming file, line and key; exit 2; nothing served, nothing logged as serving."""
 
     def test_listen_port_in_use_fails_before_the_worker(self, tmp_path, model_dirs):
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
+        with bound_socket() as taken:  # a listener holds the port
             port = taken.getsockname()[1]
             config = tmp_path / "proxy.yaml"
             config.write_text(
@@ -171,9 +168,7 @@ class TestStartupErrors:
         assert elapsed < 10
 
     def test_tap_port_in_use_names_the_tap_and_line(self, tmp_path, model_dirs):
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
+        with bound_socket() as taken:  # a listener holds the port
             tap_port = taken.getsockname()[1]
             config = tmp_path / "proxy.yaml"
             config.write_text(

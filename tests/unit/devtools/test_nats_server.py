@@ -11,7 +11,7 @@ import pytest
 
 from shadow_proxy.devtools import nats_server
 from shadow_proxy.devtools.nats_server import NatsCluster, NatsServer
-from shadow_proxy.devtools.processes import ChildExited
+from shadow_proxy.devtools.processes import ChildExited, bound_socket
 
 
 class TestBinary:
@@ -79,9 +79,7 @@ class TestLifecycle:
         assert not server.running and server.process is not None
 
     def test_a_server_that_exits_fails_the_wait_at_once(self, tmp_path: Path) -> None:
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
+        with bound_socket() as taken:  # a listener holds the port
             server = NatsServer("a", tmp_path / "a", port=taken.getsockname()[1])
             server.start()
             started = time.monotonic()

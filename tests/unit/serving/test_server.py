@@ -59,9 +59,7 @@ class TestListenSocket:
     """A port that cannot be had is a one-line start-up error naming its key."""
 
     def test_port_in_use(self) -> None:
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
+        with bound_socket() as taken:  # a listener holds the port
             port = taken.getsockname()[1]
             with pytest.raises(StartupError) as error:
                 listen_socket(config("http://127.0.0.1:9", port=port))
