@@ -55,6 +55,7 @@ from bench.proxy_bench import (
     machine,
     rss_mb,
     service,
+    stop_consumers,
 )
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
@@ -64,6 +65,7 @@ from shadow_proxy.devtools.processes import (
     reserve_endpoint,
     reserve_port,
     wait_http_ok,
+    wait_until,
 )
 from shadow_proxy.devtools.reference_taps import (
     TAP_NAMES,
@@ -129,30 +131,30 @@ class Setup:
             consumer = service(f"consumer-{case}-{i}", argv, scratch)
             self.pids[f"consumer-{i}"] = consumer.pid
             self.consumers.append((name, consumer, summary))
-        await asyncio.sleep(1.0)  # the ZeroMQ subscriptions reach the PUB sockets
+        if case != "taps-nats":  # a durable reads the stream from its start: no wait
+            # The ZeroMQ subscriptions reach the PUB sockets: nothing says when
+            # (the consumers report at --interval 60 only), hence a bound.
+            await asyncio.sleep(1.0)
         return self
 
     def finish(self) -> dict[str, Any]:
         """Let the backlog arrive, stop the consumers; each tap's totals."""
-        time.sleep(2.5)
-        out = {}
-        for name, consumer, path in self.consumers:
-            consumer.terminate()
-            try:
-                s = json.loads(path.read_text())
-            except (OSError, ValueError):
-                out[name] = {"error": "no summary"}
-                continue
-            out[name] = {k: s.get(k) for k in ("records", "tap_gaps", "tail_loss", "duplicates")}
-            heartbeat = (s.get("publishers") or [{}])[0].get("last_heartbeat") or {}
-            out[name]["dropped"] = heartbeat.get("dropped", {})
-        return out
+        time.sleep(2.5)  # a heartbeat, and the backlog: the consumers report only at the end
+        return stop_consumers(self.consumers, ("records", "tap_gaps", "tail_loss", "duplicates"))
 
     def stop(self) -> None:
         for _, consumer, _ in self.consumers:
             consumer.terminate()
         if self.proxy is not None:
             self.proxy.terminate()
+
+
+def settled(url: str) -> bool:
+    """The worker's latest snapshot (relayed every second) says that no record
+    waits in a tap's queue or for JetStream's acknowledgement."""
+    pattern = r'^shadow_tap_(?:queue_depth|awaiting_ack)\{tap="[^"]+"\} (\S+)$'
+    values = re.findall(pattern, get_text(url), re.M)
+    return bool(values) and all(float(v) == 0 for v in values)
 
 
 def ack_buckets(url: str) -> dict[float, float]:
@@ -176,7 +178,12 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsClust
         with RssSampler(setup.pids) as sampler:
             report = await run_load(_with(spec, url=setup.url))
         own = time.process_time() - own_before
-        await asyncio.sleep(1.5)  # the worker's last acknowledgements and snapshot
+        await wait_until(
+            lambda: settled(setup.url + "/metrics"),
+            30,
+            0.2,
+            what="the worker's snapshot: every tap's queue empty, every record acknowledged",
+        )
         acks_after = ack_buckets(setup.url + "/metrics")
         cpu_after = {role: cpu_seconds(pid) for role, pid in setup.pids.items()}
         consumers = setup.finish()

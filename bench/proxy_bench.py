@@ -361,24 +361,33 @@ class Setup:
         for _, consumer, _ in self.consumers:
             consumer.signal(signal.SIGCONT)
         time.sleep(2.5)  # a heartbeat, and the backlog of a resumed consumer
-        for name, consumer, path in self.consumers:
-            consumer.terminate()
-            try:
-                s = json.loads(path.read_text())
-            except (OSError, ValueError):
-                out[name] = {"error": "no summary"}
-                continue
-            out[name] = {k: s.get(k) for k in ("records", "tap_gaps", "tail_loss",
-                                               "transport_gaps", "duplicates")}  # fmt: skip
-            heartbeat = (s.get("publishers") or [{}])[0].get("last_heartbeat") or {}
-            out[name]["dropped"] = heartbeat.get("dropped", {})
-        return out
+        keys = ("records", "tap_gaps", "tail_loss", "transport_gaps", "duplicates")
+        return stop_consumers(self.consumers, keys)
 
     def stop(self) -> None:
         for _, consumer, _ in self.consumers:
             consumer.terminate()
         for child in self.services:
             child.terminate()
+
+
+def stop_consumers(
+    consumers: list[tuple[str, Child, Path]], keys: tuple[str, ...]
+) -> dict[str, Any]:
+    """Stop each tap's consumer (SIGTERM: it writes its summary) and read its
+    totals ``keys`` and the drops its last heartbeat reported."""
+    out: dict[str, Any] = {}
+    for name, consumer, path in consumers:
+        consumer.terminate()
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            out[name] = {"error": "no summary"}
+            continue
+        out[name] = {k: summary.get(k) for k in keys}
+        heartbeat = (summary.get("publishers") or [{}])[0].get("last_heartbeat") or {}
+        out[name]["dropped"] = heartbeat.get("dropped", {})
+    return out
 
 
 def lag_buckets(url: str | None) -> dict[float, float]:

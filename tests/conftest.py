@@ -1,4 +1,5 @@
-"""Fixtures for every test: the local model directories and test subscribers.
+"""Fixtures for every test: the local model directories, test subscribers and
+real nats-servers (``tests/support/nats.py``).
 
 Plain helpers live in ``tests/support`` (servers, the subscriber, Dynamo);
 fixtures that only some tests need live in the ``conftest.py`` beside them.
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import MODELS_DIR
+from tests.support.nats import nats_cluster, nats_server  # noqa: F401 (fixtures)
 from tests.support.subscriber import TapSubscriber
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -29,18 +29,26 @@ from pathlib import Path
 DEEPSEEK_CONTEXT_LENGTH = 32768
 CHATML_CONTEXT_LENGTH = 8192
 
-# Turn format after DeepSeek's chat models: system text first, then user and
-# assistant turns, tool results wrapped in tool-output markers, generation
-# prompt "<｜Assistant｜>". Content may be a string or a list of parts; text
-# parts are joined, other parts are skipped (the engine sees images through
-# multi_modal_data, not through the text).
-DEEPSEEK_TEMPLATE = r"""
+# Both templates read a message's content with this macro: a string as it is, a
+# list of parts as its text parts joined (other parts are skipped).
+TEXT_MACRO = r"""
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
 {%- elif content is iterable -%}
 {%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
 {%- endif -%}
 {%- endmacro -%}
+""".strip()
+
+# Turn format after DeepSeek's chat models: system text first, then user and
+# assistant turns, tool results wrapped in tool-output markers, generation
+# prompt "<｜Assistant｜>". Content may be a string or a list of parts; text
+# parts are joined, other parts are skipped (the engine sees images through
+# multi_modal_data, not through the text).
+DEEPSEEK_TEMPLATE = (
+    TEXT_MACRO
+    + "\n"
+    + r"""
 {{- bos_token -}}
 {%- for message in messages -%}{%- if message.role == 'system' -%}{{ text(message.content) }}{%- endif -%}{%- endfor -%}
 {%- if tools -%}
@@ -66,15 +74,13 @@ DEEPSEEK_TEMPLATE = r"""
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{ '<｜Assistant｜>' }}{%- endif -%}
 """.strip()
+)
 
 # ChatML, with an optional thinking switch passed through chat_template_kwargs.
-CHATML_TEMPLATE = r"""
-{%- macro text(content) -%}
-{%- if content is string -%}{{ content }}
-{%- elif content is iterable -%}
-{%- for part in content -%}{%- if part.type == 'text' -%}{{ part.text }}{%- endif -%}{%- endfor -%}
-{%- endif -%}
-{%- endmacro -%}
+CHATML_TEMPLATE = (
+    TEXT_MACRO
+    + "\n"
+    + r"""
 {%- if tools -%}
 {{ '<|im_start|>system\n# Tools\n' }}
 {%- for tool in tools -%}{{ tool | tojson }}{{ '\n' }}{%- endfor -%}
@@ -94,6 +100,7 @@ CHATML_TEMPLATE = r"""
 {%- if enable_thinking is defined and not enable_thinking -%}{{ '<think>\n\n</think>\n\n' }}{%- endif -%}
 {%- endif -%}
 """.strip()
+)
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 QWEN2_SPLIT = (

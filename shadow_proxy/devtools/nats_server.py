@@ -11,10 +11,19 @@ routed into one JetStream cluster. Both start, wait until the server says it
 is healthy (``/healthz`` on the monitoring port: JetStream current), and stop;
 a server can also be killed (SIGKILL), paused (SIGSTOP), resumed and started
 again on the same ports and store, as a crashed server restarts.
+
+The process is a ``processes.Child`` (its output in ``server.log``, which a
+restart starts afresh) and the health wait is ``processes.wait_http_ok``: a
+server that exits while it is awaited fails the wait at once, with the tail
+of its log. ``wait_ready`` is the wait for async callers; ``wait_healthy``
+(and ``start``/``running_cluster`` of a cluster) block the calling thread,
+also when it runs an event loop (the wait then runs on a thread of its own).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import importlib.metadata
 import json
@@ -23,21 +32,22 @@ import shutil
 import signal
 import subprocess
 import sysconfig
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 
-from shadow_proxy.devtools.processes import reserve_port
+from shadow_proxy.devtools.processes import Child, reserve_port, wait_http_ok
 
 BINARY = "nats-server"
 #: How long a server may take to be healthy (a cluster elects its meta leader).
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
-POLL_S = 0.05
+#: The monitoring endpoint that answers 200 once the server and JetStream are current.
+HEALTH_PATH = "/healthz"
 
 
 class NatsServerUnavailable(RuntimeError):
@@ -66,6 +76,18 @@ def nats_server_binary() -> Path:
     raise NatsServerUnavailable(msg)
 
 
+def _block_on(wait: Coroutine[Any, Any, None]) -> None:
+    """Run ``wait`` to the end from synchronous code, on a thread of its own when
+    this thread already runs an event loop (a test's or the demo's)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(wait)
+        return
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nats-wait") as pool:
+        pool.submit(asyncio.run, wait).result()
+
+
 @attrs.define
 class NatsServer:
     """One nats-server with JetStream on loopback; its files live in ``directory``."""
@@ -78,11 +100,16 @@ class NatsServer:
     cluster_name: str | None = None
     #: The other servers' cluster ports (routes), for a cluster member.
     routes: tuple[int, ...] = ()
-    process: subprocess.Popen | None = None
+    #: The running (or last) process; a new one each ``start``.
+    child: Child | None = None
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.monitor_port}{HEALTH_PATH}"
 
     @property
     def store_dir(self) -> Path:
@@ -91,6 +118,11 @@ class NatsServer:
     @property
     def log_path(self) -> Path:
         return self.directory / "server.log"
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The server's process, if it was started."""
+        return self.child.process if self.child is not None else None
 
     def config_text(self) -> str:
         lines = [
@@ -119,55 +151,46 @@ class NatsServer:
     def start(self) -> None:
         """Start the process (same ports and store as before when restarted)."""
         if self.running:
-            msg = f"{self.name} is already running (pid {self.process.pid})"
+            msg = f"{self.name} is already running (pid {self.child.pid})"  # type: ignore[union-attr]
             raise RuntimeError(msg)
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "server.conf"
         config.write_text(self.config_text(), encoding="utf-8")
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [str(nats_server_binary()), "-c", str(config)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        argv = [str(nats_server_binary()), "-c", str(config)]
+        self.child = Child("server", argv, self.directory, merge_output=True).start()
 
     @property
     def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.alive
 
     def healthy(self) -> bool:
         """The monitoring endpoint says the server (and its JetStream) is current."""
-        url = f"http://127.0.0.1:{self.monitor_port}/healthz"
         try:
-            with urllib.request.urlopen(url, timeout=1) as response:
+            with urllib.request.urlopen(self.health_url, timeout=1) as response:
                 return response.status == 200
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
+    async def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until the server is healthy: ``processes.WaitTimeout`` after ``timeout``,
+        ``processes.ChildExited`` (with its log's tail) if it exits meanwhile."""
+        if self.child is None:
+            msg = f"{self.name} was not started"
+            raise RuntimeError(msg)
+        await wait_http_ok(self.health_url, timeout, children=[self.child])
+
     def wait_healthy(self, timeout: float = READY_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.healthy():
-            if not self.running:
-                msg = f"{self.name} exited with status {self.process and self.process.poll()}: "
-                raise RuntimeError(msg + self.log_tail())
-            if time.monotonic() > deadline:
-                msg = f"{self.name} not healthy within {timeout:.0f}s: {self.log_tail()}"
-                raise TimeoutError(msg)
-            time.sleep(POLL_S)
+        """``wait_ready``, blocking the calling thread."""
+        _block_on(self.wait_ready(timeout))
 
     def signal(self, signum: int) -> None:
-        if self.running:
-            os.kill(self.process.pid, signum)
+        if self.child is not None:
+            self.child.signal(signum)
 
     def kill(self) -> None:
         """SIGKILL: the server dies as in a crash; its store stays for a restart."""
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGKILL)
-        self.process.wait(STOP_TIMEOUT_S)
+        if self.child is not None:
+            self.child.kill()
 
     def pause(self) -> None:
         """SIGSTOP: connections stay open but nothing answers."""
@@ -178,23 +201,13 @@ class NatsServer:
 
     def stop(self) -> None:
         """SIGTERM (a paused server is resumed first), then SIGKILL after a bound."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGCONT)
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.child is not None and self.child.alive:
+            self.child.terminate(STOP_TIMEOUT_S)
 
     def log_tail(self, lines: int = 8) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        if self.child is None:
             return "(no log)"
-        return " | ".join(text.splitlines()[-lines:])
+        return " | ".join(self.child.output_tail(lines).splitlines()) or "(no log)"
 
 
 @attrs.define
@@ -225,10 +238,14 @@ class NatsCluster:
         return [s.url for s in self.servers]
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Start every server and block until all are healthy."""
         for server in self.servers:
             server.start()
-        for server in self.servers:
-            server.wait_healthy(timeout)
+        _block_on(self.wait_ready(timeout))
+
+    async def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until every server is healthy (a cluster elects its meta leader)."""
+        await asyncio.gather(*(server.wait_ready(timeout) for server in self.servers))
 
     def stop(self) -> None:
         for server in self.servers:

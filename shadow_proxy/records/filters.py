@@ -4,7 +4,7 @@ Pure. ``FilterSet.select`` decides whether a tap takes a request at all;
 ``FilterSet.project`` builds the copy that leaves the proxy. The projection names
 every field of ``PreprocessedRequest`` in ``FIELD_DECISIONS`` and decides its fate
 there, so a field added to the request is not copied until someone decides
-(``tests/test_filters.py`` fails until then). Inside the open-ended maps
+(``tests/unit/records/test_filters.py`` fails until then). Inside the open-ended maps
 (``routing``) only keys listed here are copied; an unknown routing key is dropped.
 """
 

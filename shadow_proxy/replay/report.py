@@ -195,6 +195,7 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
     sides = ("primary", "candidate", "baseline") if tally.has_baseline else ("primary", "candidate")
     fig, axes = plt.subplots(1, len(METRICS), figsize=(15, 4.8))
     for ax, metric in zip(axes, METRICS, strict=True):
+        drawn = False
         for side in sides:
             values = samples.column(f"{metric}.{side}")
             values = np.sort(values[~np.isnan(values)])
@@ -206,10 +207,12 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
                     label=f"{side} (n={values.size})",
                     color=_COLORS[side],
                 )
+                drawn = True
         ax.set_xlabel(_LABELS[metric])
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        if drawn:  # a legend without lines is a warning (a run with nothing replayed)
+            ax.legend(fontsize=8, loc="lower right")
     fig.suptitle("Latency distributions (ECDF)")
     _footer(fig, command)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))

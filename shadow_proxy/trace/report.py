@@ -34,10 +34,8 @@ def table(result: dict[str, dict[int, ReuseCurve]]) -> str:
                 f"{curve.hit_rate():>8.1%} "
                 + " ".join(f"{_fmt_blocks(curve.reuse_distance(p)):>10}" for p in PERCENTILES)
             )
-    lines.append(
-        "hit inf: prefix-cache hit rate of an infinite cache; pN blk: LRU capacity in blocks "
-        "that reaches N% of it"
-    )
+    lines.append("hit inf: prefix-cache hit rate of an infinite cache;")
+    lines.append("pN blk: LRU capacity in blocks that reaches N% of it")
     return "\n".join(lines)
 
 

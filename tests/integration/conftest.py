@@ -1,14 +1,11 @@
 """Tests with real processes: every test here is marked ``integration``, so
-``pytest -m "not integration"`` runs the unit tests alone; the NATS server
-fixtures (``nats_harness``) are shared by the JetStream tests."""
+``pytest -m "not integration"`` runs the unit tests alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from tests.integration.nats_harness import nats_cluster, nats_server  # noqa: F401 (fixtures)
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,7 +1,7 @@
 """Real processes and raw sockets for the serving tests.
 
-- ``Proxy``: ``shadow-proxy serve`` as a child process with its own config
-  file and log file (stderr), started and stopped as an operator would.
+- ``Proxy``: ``shadow-proxy serve`` as a ``processes.Child`` with its own
+  config file and log file, started and stopped as an operator would.
 - ``RawFrontend``: an asyncio TCP server playing the frontend that records
   every request exactly as the bytes arrived (request line, header block,
   body) and answers a fixed response; it never sends ``100 Continue``.
@@ -15,16 +15,13 @@ import asyncio
 import contextlib
 import os
 import re
-import signal
 import subprocess
-import sys
-import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
-import pytest
 
-from shadow_proxy.devtools.processes import reserve_port
+from shadow_proxy.devtools.processes import Child, cli_argv, wait_http_ok
 
 OK_BODY = b'{"object":"list","data":[]}'
 OK_RESPONSE = (
@@ -47,7 +44,11 @@ def config_text(
 
 
 class Proxy:
-    """``shadow-proxy serve`` in a child process (stderr to ``log_path``)."""
+    """``shadow-proxy serve`` in a child process (its output in ``log_path``).
+
+    ``wrapper`` runs before the command (``prlimit --nofile=...``: a program
+    that execs it, so the pid stays the proxy's).
+    """
 
     def __init__(
         self,
@@ -57,52 +58,38 @@ class Proxy:
         log_level: str = "info",
         name: str = "proxy",
         env: dict[str, str] | None = None,
+        wrapper: Sequence[str] = (),
     ):
-        self.env = {**os.environ, **(env or {})}
         self.config_path = tmp_path / f"{name}.yaml"
         self.config_path.write_text(text)
-        self.log_path = tmp_path / f"{name}.log"
-        self.log_level = log_level
-        self.process: subprocess.Popen | None = None
         port = re.search(r"port: (\d+)", text)
         self.port = int(port.group(1)) if port else 0
         self.url = f"http://127.0.0.1:{self.port}"
+        argv = cli_argv("serve", "--config", str(self.config_path), log_level=log_level)
+        env = {**os.environ, **(env or {})}
+        self.child = Child(name, [*wrapper, *argv], tmp_path, env=env, merge_output=True)
+        self.log_path = self.child.stdout_path
 
     def start(self) -> Proxy:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "shadow_proxy.cli", "--log-level", self.log_level,
-                 "serve", "--config", str(self.config_path)],
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                env=self.env,
-            )  # fmt: skip
+        self.child.start()
         return self
 
     @property
+    def process(self) -> subprocess.Popen[bytes]:
+        assert self.child.process is not None, "the proxy was not started"
+        return self.child.process
+
+    @property
     def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
+        return self.child.pid
 
     def log(self) -> bytes:
         return self.log_path.read_bytes() if self.log_path.exists() else b""
 
     async def wait_ready(self, timeout: float = 90.0) -> None:
-        """Until ``/healthz`` answers 200 (raw socket, no client library)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None and self.process.poll() is None, (
-                "the proxy exited while starting:\n" + self.log().decode(errors="replace")
-            )
-            with contextlib.suppress(OSError):
-                answer = await raw_exchange(
-                    self.port, b"GET /healthz HTTP/1.1\r\nHost: p\r\nConnection: close\r\n\r\n",
-                    timeout=2,
-                )  # fmt: skip
-                if answer.startswith(b"HTTP/1.1 200"):
-                    return
-            await asyncio.sleep(0.05)
-        pytest.fail("the proxy did not start:\n" + self.log().decode(errors="replace"))
+        """Until ``/healthz`` answers 200 (the taps started); fails at once, with
+        the tail of its log, if the proxy exits meanwhile."""
+        await wait_http_ok(self.url + "/healthz", timeout, children=[self.child])
 
     async def metrics(self) -> str:
         answer = await raw_exchange(
@@ -111,17 +98,10 @@ class Proxy:
         return answer.partition(b"\r\n\r\n")[2].decode()
 
     def stop(self, timeout: float = 30) -> int | None:
-        process = self.process
-        if process is None:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit status (None if never started)."""
+        if self.child.process is None:
             return None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return process.returncode
+        return self.child.terminate(timeout)
 
 
 def sample(metrics_text: str, name: str, **labels: str) -> float:
@@ -267,55 +247,3 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         body += (await reader.readexactly(size + 2))[:-2]
         if size == 0:
             return body
-
-
-def new_port() -> int:
-    return reserve_port()
-
-
-def env_without(*names: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in names}
-
-
-def subscriber(context, endpoint: str, topic: str):
-    """A SUB socket on a tap's topic (records only: the heartbeat topic is longer)."""
-    import zmq
-
-    socket = context.socket(zmq.SUB)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.connect(endpoint)
-    socket.subscribe(topic.encode())
-    return socket
-
-
-async def next_message(socket, topic: str, timeout: float = 30.0):
-    """The next ``wire.Message`` on exactly ``topic`` (others skipped)."""
-    import zmq
-
-    from shadow_proxy.records import wire
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            frames = socket.recv_multipart(flags=zmq.NOBLOCK)
-        except zmq.Again:
-            await asyncio.sleep(0.02)
-            continue
-        message = wire.decode_frames(frames)
-        if message.topic == topic:
-            return message
-    pytest.fail(f"nothing on {topic} within {timeout}s")
-
-
-async def next_record(socket, topic: str, timeout: float = 30.0) -> dict:
-    """The next record envelope on ``topic`` (heartbeats skipped)."""
-    from shadow_proxy.records import wire
-
-    return wire.decode_envelope((await next_message(socket, topic, timeout)).payload)
-
-
-async def wait_subscribed(socket, topic: str, timeout: float = 30.0) -> None:
-    """Until a heartbeat of ``topic`` arrives: the subscription is live."""
-    from shadow_proxy.records import wire
-
-    await next_message(socket, wire.heartbeat_topic(topic), timeout)

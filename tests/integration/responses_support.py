@@ -1,86 +1,67 @@
-"""Shared by the Responses and batch integration tests: a record collector keyed
-by ``(tap, request_id, prompt_index)`` and what a client saw of a Responses answer."""
+"""Shared by the Responses and batch integration tests: records of several taps
+keyed by ``(tap, request_id, prompt_index)`` (read with the shared test
+subscriber) and what a client saw of a Responses answer."""
 
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import attrs
-import zmq
 
 from shadow_proxy.devtools.processes import wait_until
-from shadow_proxy.records import wire
+from tests.support.subscriber import TapSubscriber
 
 
 class Collector:
-    """A SUB socket on the taps, read by a thread; records by (tap, request id, prompt)."""
+    """Several taps' records by ``(tap, request id, prompt index)``: each tap (its
+    endpoint and topic) is read by the shared test subscriber."""
 
     def __init__(self, endpoints: list[str], topics: list[str]) -> None:
-        self.context = zmq.Context()
-        self.socket = self.context.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        for topic in topics:
-            self.socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        for endpoint in endpoints:
-            self.socket.connect(endpoint)
-        self.records: dict[tuple[str, str, int | None], dict] = {}
-        self.count = 0
-        self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="collector", daemon=True)
-        self.thread.start()
+        self.subscribers = [
+            TapSubscriber(endpoint, topic)
+            for endpoint, topic in zip(endpoints, topics, strict=True)
+        ]
 
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
-        while not self.stopping.is_set():
-            if not poller.poll(50):
-                continue
-            while True:
-                try:
-                    frames = self.socket.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                message = wire.decode_frames(frames)
-                if message.topic.endswith(wire.HEARTBEAT_SUFFIX):
-                    continue
-                envelope = wire.decode_envelope(message.payload)
+    def records(self) -> dict[tuple[str, str, int | None], dict]:
+        """Every record so far by key; fails if a key has two records."""
+        out: dict[tuple[str, str, int | None], dict] = {}
+        for subscriber in self.subscribers:
+            for envelope in subscriber.received().records:
                 key = (envelope["tap"], envelope["request_id"], envelope.get("prompt_index"))
-                with self.lock:
-                    assert key not in self.records, f"two records for {key}"
-                    self.records[key] = envelope
-                    self.count += 1
+                assert key not in out, f"two records for {key}"
+                out[key] = envelope
+        return out
 
     def get(self, tap: str, request_id: str, prompt_index: int | None = None) -> dict | None:
-        with self.lock:
-            return self.records.get((tap, request_id, prompt_index))
+        return self.records().get((tap, request_id, prompt_index))
 
     def of_request(self, tap: str, request_id: str) -> list[dict]:
         """Every record of a request on a tap, by prompt index."""
-        with self.lock:
-            found = [r for (t, rid, _), r in self.records.items() if (t, rid) == (tap, request_id)]
+        found = [r for (t, rid, _), r in self.records().items() if (t, rid) == (tap, request_id)]
         return sorted(found, key=lambda r: r.get("prompt_index", -1))
 
     async def wait(
         self, tap: str, keys: list[tuple[str, int | None]], timeout: float = 30
     ) -> dict[tuple[str, int | None], dict]:
         """The tap's records for ``(request_id, prompt_index)`` keys; fails naming the missing."""
+
+        def missing() -> list[tuple[str, int | None]]:
+            records = self.records()
+            return [k for k in keys if (tap, *k) not in records]
+
         await wait_until(
-            lambda: all(self.get(tap, *k) is not None for k in keys),
+            lambda: not missing(),
             timeout,
             0.02,
-            what=f"{tap}: a record for each of {len(keys)} keys (first: {keys[:3]})",
+            what=f"{tap}: a record for each of {len(keys)} keys (missing: {missing()[:3]})",
         )
-        return {k: self.get(tap, *k) for k in keys}
+        records = self.records()
+        return {k: records[(tap, *k)] for k in keys}
 
     def close(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.socket.close()
-        self.context.term()
+        for subscriber in self.subscribers:
+            subscriber.close()
 
 
 @attrs.frozen

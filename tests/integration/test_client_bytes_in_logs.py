@@ -15,12 +15,12 @@ import re
 
 import pytest
 
+from shadow_proxy.devtools.processes import reserve_port
 from shadow_proxy.serving.logs import CLIENT_ERROR_KINDS
 from tests.integration.harness import (
     Proxy,
     RawFrontend,
     config_text,
-    new_port,
     raw_exchange,
     sample,
 )
@@ -134,12 +134,12 @@ async def test_no_probe_secret_reaches_the_log(tmp_path, model_dirs, level, pars
     async with RawFrontend() as frontend:
         # A body that breaks after it started makes aiohttp's C parser stop
         # without failing the reader: the body timeout answers (408).
-        text = config_text(new_port(), frontend.url, listen="body_timeout_s: 1")
+        text = config_text(reserve_port(), frontend.url, listen="body_timeout_s: 1")
         if level == "debug":  # the tap worker's log too, at the most verbose level
             text += (
                 f"models:\n  - {{name: deepseek, tokenizer: '{model_dirs['deepseek']}'}}\n"
                 f"taps:\n  - {{name: a, capture: request, "
-                f"endpoint: 'tcp://127.0.0.1:{new_port()}'}}\n"
+                f"endpoint: 'tcp://127.0.0.1:{reserve_port()}'}}\n"
             )
         proxy = Proxy(tmp_path, text, log_level=level, env=env).start()
         try:
@@ -189,7 +189,7 @@ async def test_no_probe_secret_reaches_the_log(tmp_path, model_dirs, level, pars
 async def test_a_flood_of_malformed_requests_costs_a_few_lines(tmp_path):
     """1,000 malformed 8 KB requests: a few lines of log, every one counted."""
     async with RawFrontend() as frontend:
-        proxy = Proxy(tmp_path, config_text(new_port(), frontend.url)).start()
+        proxy = Proxy(tmp_path, config_text(reserve_port(), frontend.url)).start()
         try:
             await proxy.wait_ready()
             before = len(proxy.log())

@@ -36,11 +36,11 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from shadow_proxy.devtools.dynamo import REPO, Dynamo, start_dynamo
+from shadow_proxy.devtools.dynamo import REPO, Dynamo
 from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt
 from shadow_proxy.devtools.processes import WaitTimeout, reserve_endpoint, wait_until
 from shadow_proxy.devtools.reference_taps import JOINED_TAP, REQUEST_TAP, TAP_NAMES, reference_taps
-from tests.support.dynamo import require_dynamo
+from tests.support.dynamo import dynamo_with_mockers
 from tests.support.servers import proxy_config, run_proxy
 from tests.support.subscriber import TapSubscriber
 
@@ -66,17 +66,8 @@ TIMEOUT = aiohttp.ClientTimeout(total=120)
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def dynamo(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dynamo]:
     """The Dynamo frontend with a ``deepseek`` and a ``chatml`` mocker."""
-    require_dynamo()
-    from shadow_proxy.devtools.modeldirs import build_all
-
-    build_all(MODELS)
-    scratch = tmp_path_factory.mktemp("dynamo")
-    dynamo = await start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=SPEEDUP)
-    try:
-        await dynamo.add_mocker(MODELS / "chatml", "chatml", speedup=SPEEDUP)
+    async with dynamo_with_mockers(tmp_path_factory.mktemp("dynamo"), SPEEDUP) as dynamo:
         yield dynamo
-    finally:
-        await dynamo.aclose()
 
 
 class Stack:

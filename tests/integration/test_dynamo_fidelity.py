@@ -23,9 +23,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from shadow_proxy.devtools.dynamo import REPO, Dynamo, start_dynamo
+from shadow_proxy.devtools.dynamo import REPO, Dynamo
 from shadow_proxy.devtools.processes import reserve_endpoint, wait_until
-from tests.support.dynamo import require_dynamo
+from tests.support.dynamo import dynamo_with_mockers
 from tests.support.servers import proxy_config, run_proxy
 from tests.support.subscriber import TapSubscriber
 
@@ -43,17 +43,8 @@ TIMEOUT = aiohttp.ClientTimeout(total=120)
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def dynamo(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Dynamo]:
-    require_dynamo()
-    from shadow_proxy.devtools.modeldirs import build_all
-
-    build_all(MODELS)
-    scratch = tmp_path_factory.mktemp("dynamo")
-    dynamo = await start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=1000)
-    try:
-        await dynamo.add_mocker(MODELS / "chatml", "chatml", speedup=1000)
+    async with dynamo_with_mockers(tmp_path_factory.mktemp("dynamo"), 1000) as dynamo:
         yield dynamo
-    finally:
-        await dynamo.aclose()
 
 
 class Records(TapSubscriber):

@@ -39,12 +39,12 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from shadow_proxy.devtools.dynamo import REPO, Dynamo, start_dynamo
+from shadow_proxy.devtools.dynamo import REPO, Dynamo
 from shadow_proxy.devtools.processes import WaitTimeout, reserve_port, wait_until
 from shadow_proxy.worker.response.observed import without_none
 from tests.integration.dynamo_backends import read_requests, start_scripted_worker
 from tests.integration.responses_support import Collector, ResponsesView
-from tests.support.dynamo import require_dynamo
+from tests.support.dynamo import dynamo_with_mockers
 from tests.support.servers import proxy_config, run_proxy
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(300)]
@@ -119,19 +119,11 @@ class Stack:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def dynamo(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Dynamo, Path]]:
-    require_dynamo()
-    from shadow_proxy.devtools.modeldirs import build_all
-
-    build_all(MODELS)
     scratch = tmp_path_factory.mktemp("dynamo-responses")
-    dynamo = await start_dynamo(MODELS / "deepseek", "deepseek", scratch, speedup=SPEEDUP)
-    try:
-        await dynamo.add_mocker(MODELS / "chatml", "chatml", speedup=SPEEDUP)
+    async with dynamo_with_mockers(scratch, SPEEDUP) as dynamo:
         engine = scratch / "engine-requests.jsonl"
         await start_scripted_worker(dynamo, MODELS / "chatml", "scripted", CALL_TEXT, engine)
         yield dynamo, engine
-    finally:
-        await dynamo.aclose()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

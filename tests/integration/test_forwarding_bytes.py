@@ -14,17 +14,14 @@ import zlib
 
 import pytest
 
+from shadow_proxy.devtools.processes import reserve_port, wait_until
 from tests.integration.harness import (
     Proxy,
     RawFrontend,
     config_text,
-    new_port,
-    next_record,
     raw_exchange,
     raw_response,
     sample,
-    subscriber,
-    wait_subscribed,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -63,7 +60,7 @@ def post(target: bytes, body: bytes, *headers: bytes) -> bytes:
 async def proxied(tmp_path):
     """A raw frontend and the proxy in front of it (no taps)."""
     async with RawFrontend() as frontend:
-        proxy = Proxy(tmp_path, config_text(new_port(), frontend.url)).start()
+        proxy = Proxy(tmp_path, config_text(reserve_port(), frontend.url)).start()
         try:
             await proxy.wait_ready()
             yield proxy, frontend
@@ -181,7 +178,7 @@ class TestExpectContinue:
     async def test_over_the_limit_413_without_100(self, tmp_path):
         async with RawFrontend() as frontend:
             extra = f"upstream: {{url: '{frontend.url}', max_request_bytes: 1000}}\n"
-            text = config_text(new_port(), frontend.url).replace(
+            text = config_text(reserve_port(), frontend.url).replace(
                 f"upstream: {{url: '{frontend.url}'}}\n", extra
             )
             proxy = Proxy(tmp_path, text).start()
@@ -202,10 +199,10 @@ class TestExpectContinue:
 class TestEncodedBodiesAreMirrored:
     """With taps: the frontend gets the gzip bytes, the worker decodes its own copy."""
 
-    async def test_gzip_request_gives_the_same_record_as_plain(self, tmp_path, model_dirs):
-        import zmq
-
-        tap_port = new_port()
+    async def test_gzip_request_gives_the_same_record_as_plain(
+        self, tmp_path, model_dirs, subscribe
+    ):
+        tap_port = reserve_port()
         extra = (
             "upstream: {url: 'URL', max_request_bytes: 100000}\n"
             f"models:\n  - {{name: deepseek, tokenizer: '{model_dirs['deepseek']}'}}\n"
@@ -214,27 +211,28 @@ class TestEncodedBodiesAreMirrored:
         chat = {"model": "deepseek", "messages": [{"role": "user", "content": "hello there"}]}
         plain = json.dumps(chat).encode()
         async with RawFrontend() as frontend:
-            text = config_text(new_port(), frontend.url).replace(
+            text = config_text(reserve_port(), frontend.url).replace(
                 f"upstream: {{url: '{frontend.url}'}}\n", extra.replace("URL", frontend.url)
             )
             proxy = Proxy(tmp_path, text).start()
-            context = zmq.Context()
-            sub = subscriber(context, f"tcp://127.0.0.1:{tap_port}", "shadow-requests-a")
+            sub = subscribe(f"tcp://127.0.0.1:{tap_port}", "shadow-requests-a")
             try:
                 await proxy.wait_ready()
-                await wait_subscribed(sub, "shadow-requests-a")
-                records = []
-                for body, headers in (
-                    (plain, []),
-                    (gzip.compress(plain), [b"Content-Encoding: gzip"]),
-                    (zlib.compress(plain), [b"Content-Encoding: deflate"]),
+                await sub.wait_heartbeats()
+                for n, (body, headers) in enumerate(
+                    (
+                        (plain, []),
+                        (gzip.compress(plain), [b"Content-Encoding: gzip"]),
+                        (zlib.compress(plain), [b"Content-Encoding: deflate"]),
+                    ),
+                    1,
                 ):
                     answer = await raw_exchange(
                         proxy.port, post(b"/v1/chat/completions", body, *headers)
                     )
                     assert answer.startswith(b"HTTP/1.1 200")
                     assert frontend.requests[-1].body == body
-                    records.append(await next_record(sub, "shadow-requests-a"))
+                    records = await sub.wait_records(n, timeout=30)
                 # A bomb: small on the wire, over max_request_bytes decoded.
                 bomb = gzip.compress(b" " * 200_000)
                 answer = await raw_exchange(
@@ -243,20 +241,14 @@ class TestEncodedBodiesAreMirrored:
                 assert answer.startswith(b"HTTP/1.1 200")
                 assert frontend.requests[-1].body == bomb
 
-                async def counted() -> float:
+                async def counted() -> bool:
                     metrics = await proxy.metrics()
-                    return sample(metrics, "shadow_not_mirrored_total", reason="body_too_large")
+                    return (
+                        sample(metrics, "shadow_not_mirrored_total", reason="body_too_large") == 1
+                    )
 
-                import asyncio
-                import time
-
-                deadline = time.monotonic() + 10
-                while await counted() != 1:
-                    assert time.monotonic() < deadline, "the bomb was not counted"
-                    await asyncio.sleep(0.2)
+                await wait_until(counted, 10, 0.2, what="the bomb counted as body_too_large")
             finally:
-                sub.close()
-                context.term()
                 assert proxy.stop() == 0
         token_ids = [r["request"]["token_ids"] for r in records]
         assert token_ids[0] and token_ids[0] == token_ids[1] == token_ids[2]

@@ -21,8 +21,6 @@ from typing import Any
 
 import nats
 import pytest
-import zmq
-import zmq.asyncio
 
 from shadow_proxy.consumer.accounting import Accounts
 from shadow_proxy.devtools.frontend import MockConfig
@@ -30,21 +28,19 @@ from shadow_proxy.devtools.frontend import make_app as mock_app
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
 from shadow_proxy.devtools.processes import reserve_port, wait_until
-from shadow_proxy.records.wire import decode_envelope, heartbeat_topic
 from shadow_proxy.serving.app import TAPS
 from shadow_proxy.serving.supervisor import StartupError
 from shadow_proxy.worker.publishers.jetstream import PENDING_BYTES
 from tests.integration.jetstream_helpers import (
-    MODEL,
     REFERENCE_TAPS,
     consumer_cli,
-    envelopes,
     jetstream_config,
     on_nats,
-    tap_messages,
 )
-from tests.integration.nats_harness import stream_info
+from tests.support.jetstream import MODEL, envelopes, tap_messages
+from tests.support.nats import stream_info
 from tests.support.servers import run_proxy, serve
+from tests.support.subscriber import TapSubscriber
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
 
@@ -69,33 +65,16 @@ async def published(app: Any, tap: str, count: int, timeout: float = SETTLE_S) -
     await wait_until(lambda: tap_state(app).get(tap, {}).get("published") == count, timeout)
 
 
-class ZmqAccounts:
-    """A real SUB socket on a ZeroMQ tap, counted by the consumer's ``Accounts``."""
-
-    def __init__(self, context: zmq.asyncio.Context, endpoint: str, topic: str):
-        self.accounts = Accounts(topic)
-        self.payloads: list[bytes] = []
-        self.socket = context.socket(zmq.SUB)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.subscribe(topic.encode())
-        self.socket.subscribe(heartbeat_topic(topic).encode())
-        self.socket.connect(endpoint)
-        self.task = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            frames = await self.socket.recv_multipart()
-            message = self.accounts.on_frames(frames, loop.time())
-            if message is not None:
-                self.payloads.append(message.payload)
-
-    async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        self.socket.close(linger=0)
+def accounts_of(subscriber: TapSubscriber) -> Accounts:
+    """The consumer's accounting of what the test subscriber received (its first
+    heartbeat came before any record: the test waits for it before sending)."""
+    accounts = Accounts(subscriber.topic)
+    received = subscriber.received()
+    for message, heartbeat in received.heartbeats:
+        accounts.on_heartbeat(message, heartbeat, 0.0)
+    for message, envelope in zip(received.messages, received.records, strict=True):
+        accounts.on_record(message, envelope)
+    return accounts
 
 
 def comparable(summary: dict[str, Any]) -> dict[str, Any]:
@@ -106,51 +85,41 @@ class TestSameAsZeroMQ:
     """One proxy, the reference taps twice: on ZeroMQ and on JetStream. The three
     reference runs (streaming, not streaming, 25% cancelled) give equal totals."""
 
-    async def test_reference_runs(self, nats_server, model_dirs):
+    async def test_reference_runs(self, nats_server, model_dirs, subscribe):
         zmq_taps = [{**t, "endpoint": f"tcp://127.0.0.1:{reserve_port()}"} for t in REFERENCE_TAPS]
         nats_taps = [on_nats(t, "-js") for t in REFERENCE_TAPS]
-        context = zmq.asyncio.Context()
-        readers: dict[str, ZmqAccounts] = {}
+        readers: dict[str, TapSubscriber] = {}
         sent = 0
-        try:
-            async with frontend(model_dirs, itl_ms=2.0) as url_frontend:
-                config = jetstream_config(
-                    url_frontend, model_dirs, nats_server.urls, *zmq_taps, *nats_taps
-                )
-                async with run_proxy(config) as (url, _, app):
-                    for tap in zmq_taps:
-                        reader = ZmqAccounts(context, tap["endpoint"], tap["topic"])
-                        readers[tap["name"]] = reader
-                    await wait_until(
-                        lambda: all(r.accounts.publishers for r in readers.values()), 10
+        async with frontend(model_dirs, itl_ms=2.0) as url_frontend:
+            config = jetstream_config(
+                url_frontend, model_dirs, nats_server.urls, *zmq_taps, *nats_taps
+            )
+            async with run_proxy(config) as (url, _, app):
+                for tap in zmq_taps:
+                    readers[tap["name"]] = subscribe(tap["endpoint"], tap["topic"])
+                for reader in readers.values():
+                    await reader.wait_heartbeats()
+                for stream, cancel in ((True, 0.0), (False, 0.0), (True, 0.25)):
+                    spec = LoadSpec(
+                        url=url,
+                        model=MODEL,
+                        requests=30,
+                        concurrency=6,
+                        prompt_tokens=96,
+                        output_tokens=8,
+                        stream=stream,
+                        cancel_fraction=cancel,
                     )
-                    for stream, cancel in ((True, 0.0), (False, 0.0), (True, 0.25)):
-                        spec = LoadSpec(
-                            url=url,
-                            model=MODEL,
-                            requests=30,
-                            concurrency=6,
-                            prompt_tokens=96,
-                            output_tokens=8,
-                            stream=stream,
-                            cancel_fraction=cancel,
-                        )
-                        report = await run_load(spec)
-                        assert report.summary()["errors"] == 0
-                        sent += len(report.results)
-                    for tap in nats_taps:
-                        await published(app, tap["name"], sent)
-                    await wait_until(
-                        lambda: all(r.accounts.records == sent for r in readers.values()),
-                        SETTLE_S,
-                    )
-        finally:
-            for reader in readers.values():
-                await reader.close()
-            context.term()
+                    report = await run_load(spec)
+                    assert report.summary()["errors"] == 0
+                    sent += len(report.results)
+                for tap in nats_taps:
+                    await published(app, tap["name"], sent)
+                for reader in readers.values():
+                    await reader.wait_records(sent, SETTLE_S)
 
         for zmq_tap, nats_tap in zip(zmq_taps, nats_taps, strict=True):
-            over_zmq = readers[zmq_tap["name"]].accounts.summary(0.0)
+            over_zmq = accounts_of(readers[zmq_tap["name"]]).summary(0.0)
             over_nats = await consumer_cli(
                 "--nats", nats_server.urls[0], "--tap", nats_tap["name"],
                 "--topic", nats_tap["topic"], "--durable", f"equal-{nats_tap['name']}",
@@ -163,7 +132,7 @@ class TestSameAsZeroMQ:
                 assert summary["undecodable"] == {}
             # The same envelopes, byte for byte once tap and seq are set aside.
             stored = envelopes(await tap_messages(nats_server.urls, f"shadow.{nats_tap['topic']}"))
-            live = [decode_envelope(p) for p in readers[zmq_tap["name"]].payloads]
+            live = readers[zmq_tap["name"]].received().records
             by_id = {e["request_id"]: e for e in live}
             assert len(stored) == len(by_id) == sent
             for envelope in stored:

@@ -1,8 +1,8 @@
 """Reading a tap from JetStream with a durable consumer (SPEC 8 and 9, issue 12):
 a reader killed mid-read resumes from the durable's position, readers sharing a
-durable split the records, and what is not a record of the tap is counted and
-skipped. ``shadow-consumer --nats`` runs as a real process; the records come
-from the real publisher (no proxy needed here)."""
+durable split the records. ``shadow-consumer --nats`` runs as a real process;
+the records come from the real publisher (no proxy needed here). What the
+source itself skips and refuses: tests/unit/records/test_jetstream_source.py."""
 
 from __future__ import annotations
 
@@ -16,15 +16,13 @@ import threading
 import time
 from pathlib import Path
 
-import nats
 import pytest
 
 from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records.files import read_entries
-from shadow_proxy.records.jetstream_source import JetStreamSource
-from shadow_proxy.records.wire import Message, decode_envelope, encode_envelope
-from tests.integration.jetstream_helpers import DirectPublisher, synthetic_payload
+from shadow_proxy.records.wire import Message, decode_envelope
 from tests.support import ROOT
+from tests.support.jetstream import DirectPublisher
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(90)]
 
@@ -148,51 +146,3 @@ class TestSharedDurable:
         assert a and b, "both readers got records"
         assert sorted(a + b) == list(range(total)), "each record exactly once"
         assert sum(t["records"] for t in totals) == total
-
-
-class TestNotRecords:
-    """Messages on the tap's subjects that are not its records are counted by
-    reason, acknowledged (never delivered again) and skipped."""
-
-    async def test_rejected(self, nats_server):
-        nc = await nats.connect(nats_server.urls)
-        js = nc.jetstream()
-        await js.add_stream(name="SHADOW", subjects=["shadow.>"])
-        good = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "7", "Shadow-Seq": "0"}
-        await js.publish(SUBJECT, synthetic_payload(TAP, 0), headers=good)
-        await js.publish(SUBJECT, b"\xc1 not msgpack", headers={**good, "Shadow-Seq": "1"})
-        await js.publish(SUBJECT, synthetic_payload(TAP, 2), headers={"Shadow-Tap": TAP})
-        other = {**good, "Shadow-Tap": "other", "Shadow-Seq": "3"}
-        await js.publish(SUBJECT, synthetic_payload("other", 3), headers=other)
-        await js.publish(
-            SUBJECT, encode_envelope({"tap": TAP}), headers={**good, "Shadow-Seq": "4"}
-        )
-        await js.publish(SUBJECT, synthetic_payload(TAP, 0), headers=good)  # a repeat
-        await js.publish(SUBJECT, synthetic_payload(TAP, 5), headers={**good, "Shadow-Seq": "5"})
-        await nc.close()
-
-        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "strict")
-        deliveries = source.deliveries()
-        try:
-            got = []
-            for _ in range(2):
-                delivery = await asyncio.wait_for(anext(deliveries), 5)
-                got.append((delivery.message.publisher_id, delivery.envelope["seq"]))
-                await delivery.ack()
-            assert got == [(7, 0), (7, 5)]
-            assert source.stats.unreadable == {"envelope": 1, "headers": 1, "tap": 1, "record": 1}
-            assert source.stats.duplicates == 1
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(anext(deliveries), 1.5)
-        finally:
-            await deliveries.aclose()
-            await source.aclose()
-        # A second reader on the same durable gets nothing again: all was acknowledged.
-        again = JetStreamSource(nats_server.urls, "SHADOW", TAP, "strict")
-        stream = again.deliveries()
-        try:
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(anext(stream), 3)
-        finally:
-            await stream.aclose()
-            await again.aclose()

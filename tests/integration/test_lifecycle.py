@@ -15,7 +15,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,19 +22,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-import zmq
 from aiohttp import web
 
+from shadow_proxy.devtools.processes import bound_socket, reserve_port, wait_until
 from shadow_proxy.serving.lifeline import EXIT_AFTER_S
 from tests.integration.harness import (
     Proxy,
     alive,
     children_of,
     config_text,
-    new_port,
-    next_record,
-    subscriber,
-    wait_subscribed,
 )
 from tests.support.servers import serve
 
@@ -76,18 +71,17 @@ class TestSigtermGrace:
     """The stream is cut at the grace, not twice the grace; then the taps drain."""
 
     async def test_grace_2_cuts_within_2_to_3_seconds_and_the_record_is_published(
-        self, tmp_path, model_dirs
+        self, tmp_path, model_dirs, subscribe
     ):
-        tap_port = new_port()
+        tap_port = reserve_port()
         async with serve(endless_stream()) as upstream:
-            text = config_text(new_port(), upstream, grace=2)
+            text = config_text(reserve_port(), upstream, grace=2)
             text += taps_text(model_dirs["deepseek"], tap_port)
             proxy = Proxy(tmp_path, text).start()
-            context = zmq.Context()
-            sub = subscriber(context, f"tcp://127.0.0.1:{tap_port}", "shadow-requests-a")
+            sub = subscribe(f"tcp://127.0.0.1:{tap_port}", "shadow-requests-a")
             try:
                 await proxy.wait_ready()
-                await wait_subscribed(sub, "shadow-requests-a")
+                await sub.wait_heartbeats()
                 async with aiohttp.ClientSession() as session:
                     async with session.post(
                         proxy.url + "/v1/chat/completions", json=CHAT
@@ -99,11 +93,9 @@ class TestSigtermGrace:
                             while await response.content.readany():
                                 pass
                         cut = time.monotonic() - started
-                record = await next_record(sub, "shadow-requests-a", timeout=15)
+                [record] = await sub.wait_records(1, timeout=15)
                 exit_code = await asyncio.to_thread(proxy.process.wait, 30)
             finally:
-                sub.close()
-                context.term()
                 proxy.stop()
         assert 2.0 <= cut < 3.0, f"cut {cut:.2f}s after SIGTERM with a 2s grace"
         assert exit_code == 0
@@ -118,8 +110,8 @@ class TestChildNeverOutlivesParent:
     start (same ports) succeeds."""
 
     async def test_sigkill_serving_process(self, tmp_path, model_dirs):
-        tap_port = new_port()
-        text = config_text(new_port(), "http://127.0.0.1:9")
+        tap_port = reserve_port()
+        text = config_text(reserve_port(), "http://127.0.0.1:9")
         text += taps_text(model_dirs["deepseek"], tap_port, capture="request")
         proxy = Proxy(tmp_path, text).start()
         try:
@@ -128,14 +120,12 @@ class TestChildNeverOutlivesParent:
             assert children, "no tap worker process"
             proxy.process.send_signal(signal.SIGKILL)
             proxy.process.wait(10)
-            bound = EXIT_AFTER_S + 3.0
-            deadline = time.monotonic() + bound
-            while any(alive(pid) for pid in children):
-                assert time.monotonic() < deadline, (
-                    f"children {[p for p in children if alive(p)]} alive {bound}s after "
-                    "their parent was killed"
-                )
-                await asyncio.sleep(0.1)
+            await wait_until(
+                lambda: not any(alive(pid) for pid in children),
+                EXIT_AFTER_S + 3.0,
+                0.1,
+                what=f"children {children} gone after their parent was killed",
+            )
             again = Proxy(tmp_path, text, name="again").start()
             try:
                 await again.wait_ready()
@@ -158,14 +148,12 @@ class TestStartupErrors:
     """One line naming file, line and key; exit 2; nothing served, nothing logged as serving."""
 
     def test_listen_port_in_use_fails_before_the_worker(self, tmp_path, model_dirs):
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
+        with bound_socket() as taken:  # a listener holds the port
             port = taken.getsockname()[1]
             config = tmp_path / "proxy.yaml"
             config.write_text(
                 config_text(port, "http://127.0.0.1:9")
-                + taps_text(model_dirs["deepseek"], new_port(), capture="request")
+                + taps_text(model_dirs["deepseek"], reserve_port(), capture="request")
             )
             started = time.monotonic()
             result = run_serve(config)
@@ -180,13 +168,11 @@ class TestStartupErrors:
         assert elapsed < 10
 
     def test_tap_port_in_use_names_the_tap_and_line(self, tmp_path, model_dirs):
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", 0))
-            taken.listen()
+        with bound_socket() as taken:  # a listener holds the port
             tap_port = taken.getsockname()[1]
             config = tmp_path / "proxy.yaml"
             config.write_text(
-                config_text(new_port(), "http://127.0.0.1:9")
+                config_text(reserve_port(), "http://127.0.0.1:9")
                 + taps_text(model_dirs["deepseek"], tap_port, capture="request")
             )
             result = run_serve(config)
@@ -202,9 +188,9 @@ class TestStartupErrors:
         (tmp_path / "conf").mkdir()
         config = tmp_path / "conf" / "proxy.yaml"
         config.write_text(
-            config_text(new_port(), "http://127.0.0.1:9")
+            config_text(reserve_port(), "http://127.0.0.1:9")
             + "models:\n  - {name: m, tokenizer: ./models/m}\n"
-            + f"taps:\n  - {{name: a, capture: request, endpoint: 'tcp://127.0.0.1:{new_port()}'}}\n"
+            + f"taps:\n  - {{name: a, capture: request, endpoint: 'tcp://127.0.0.1:{reserve_port()}'}}\n"
         )
         result = run_serve(config)
         assert result.returncode == 2, result.stderr
@@ -225,16 +211,11 @@ class TestFileDescriptorLimit:
         if hard == resource.RLIM_INFINITY or hard <= 256:
             pytest.skip(f"hard limit {hard}: nothing to raise")
 
-        def low_soft_limit() -> None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
-
-        proxy = Proxy(tmp_path, config_text(new_port(), "http://127.0.0.1:9"))
-        with open(proxy.log_path, "ab") as log:
-            proxy.process = subprocess.Popen(
-                [sys.executable, "-m", "shadow_proxy.cli", "serve", "--config",
-                 str(proxy.config_path)],
-                stdout=subprocess.DEVNULL, stderr=log, preexec_fn=low_soft_limit,
-            )  # fmt: skip
+        proxy = Proxy(
+            tmp_path,
+            config_text(reserve_port(), "http://127.0.0.1:9"),
+            wrapper=["prlimit", f"--nofile=256:{hard}"],  # execs the proxy: same pid
+        ).start()
         try:
             await proxy.wait_ready()
             limits = Path(f"/proc/{proxy.pid}/limits").read_text()

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from shadow_proxy.devtools.processes import reserve_port
 from tests.integration.harness import (
     Proxy,
     RawFrontend,
     config_text,
-    new_port,
     raw_exchange,
     sample,
 )
@@ -50,11 +50,11 @@ async def test_413_counted_as_not_mirrored_and_tap_drops_logged(tmp_path, model_
     to the worker, a tap drop the supervisor logs."""
     extra = (
         f"models:\n  - {{name: deepseek, tokenizer: '{model_dirs['deepseek']}'}}\n"
-        f"taps:\n  - {{name: a, capture: request, endpoint: 'tcp://127.0.0.1:{new_port()}'}}\n"
+        f"taps:\n  - {{name: a, capture: request, endpoint: 'tcp://127.0.0.1:{reserve_port()}'}}\n"
         "worker: {handoff_max_bytes: 2000}\n"
     )
     async with RawFrontend() as frontend:
-        text = config_text(new_port(), frontend.url, extra).replace(
+        text = config_text(reserve_port(), frontend.url, extra).replace(
             f"upstream: {{url: '{frontend.url}'}}",
             f"upstream: {{url: '{frontend.url}', max_request_bytes: 3000}}",
         )
@@ -100,7 +100,7 @@ async def test_stream_broken_by_the_frontend_is_logged(tmp_path):
         b'\r\n10\r\ndata: {"a": 1}\n\n\r\n'
     )
     async with RawFrontend(partial, close_after=True) as frontend:
-        proxy = Proxy(tmp_path, config_text(new_port(), frontend.url)).start()
+        proxy = Proxy(tmp_path, config_text(reserve_port(), frontend.url)).start()
         try:
             await proxy.wait_ready()
             for _ in range(10):

@@ -216,7 +216,8 @@ class TestBadInput:
 
 
 class TestCommandLine:
-    """The console script; Ctrl-C writes the report of what was done."""
+    """The console script as a process: Ctrl-C writes the report of what was done
+    (its arguments and a whole run in-process: tests/unit/replay/test_cli.py)."""
 
     async def test_interrupt(self, captured: Path, model_dirs, loaded, tmp_path: Path) -> None:
         async with _frontend(model_dirs, loaded, ttft_ms=400) as (candidate, _a):
@@ -239,16 +240,3 @@ class TestCommandLine:
         assert summary["replayed"] == len(pairs(tmp_path))
         assert "interrupted" in (tmp_path / "report.md").read_text()
         assert b"records=" in err
-
-    def test_usage_errors(self, tmp_path: Path) -> None:
-        script = Path(sys.executable).parent / "shadow-replay"
-        run = subprocess.run(
-            [str(script), str(tmp_path / "missing*"), "--candidate", "http://x", "--out", "o"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert run.returncode == 2 and "no record files in" in run.stderr
-        run = subprocess.run(
-            [str(script), "x", "--candidate", "u", "--out", "o", "--speed", "0"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert run.returncode == 2 and "--speed" in run.stderr

@@ -15,12 +15,12 @@ import pytest
 import zmq
 import zmq.auth
 
+from shadow_proxy.devtools.processes import reserve_port
 from shadow_proxy.records import sources, wire
 from tests.integration.harness import (
     Proxy,
     RawFrontend,
     config_text,
-    new_port,
     raw_exchange,
 )
 
@@ -73,11 +73,13 @@ def received(socket: zmq.Socket) -> list[wire.Message]:
 
 async def test_wrong_keys_are_refused_and_the_right_one_reads(tmp_path, model_dirs):
     key_root = keys(tmp_path)
-    tap_port = new_port()
+    tap_port = reserve_port()
     endpoint = f"tcp://127.0.0.1:{tap_port}"
     async with RawFrontend() as frontend:
         # Key paths relative to the configuration file's directory.
-        text = config_text(new_port(), frontend.url) + curve_text(model_dirs["deepseek"], tap_port)
+        text = config_text(reserve_port(), frontend.url) + curve_text(
+            model_dirs["deepseek"], tap_port
+        )
         proxy = Proxy(tmp_path, text).start()
         context = zmq.Context()
         strangers = [
@@ -127,8 +129,8 @@ async def test_wrong_keys_are_refused_and_the_right_one_reads(tmp_path, model_di
 def test_a_missing_key_file_fails_start_up_naming_the_line(tmp_path, model_dirs):
     config = tmp_path / "proxy.yaml"
     config.write_text(
-        config_text(new_port(), "http://127.0.0.1:9")
-        + curve_text(model_dirs["deepseek"], new_port(), key_dir="missing")
+        config_text(reserve_port(), "http://127.0.0.1:9")
+        + curve_text(model_dirs["deepseek"], reserve_port(), key_dir="missing")
     )
     result = subprocess.run(
         [sys.executable, "-m", "shadow_proxy.cli", "serve", "--config", str(config)],
@@ -147,8 +149,8 @@ class TestBindings:
 
     async def start_and_log(self, tmp_path: Path, publish: str, curve: str = "") -> bytes:
         text = (
-            config_text(new_port(), "http://127.0.0.1:9")
-            + f"publish: {{{publish}base_port: {new_port()}}}\n"
+            config_text(reserve_port(), "http://127.0.0.1:9")
+            + f"publish: {{{publish}base_port: {reserve_port()}}}\n"
             + "taps:\n  - name: a\n    capture: request\n"
             + curve
         )

@@ -35,6 +35,7 @@ from shadow_proxy.devtools.processes import (
 )
 from shadow_proxy.serving.app import TAPS
 from tests.support import ROOT
+from tests.support.client import assert_sse_done, chat_body, post, sample
 from tests.support.servers import TEST_WORKER, proxy_config, run_proxy, serve
 from tests.support.subscriber import TapSubscriber, read_lines
 
@@ -71,31 +72,6 @@ async def subscribed(subscribe, config: Config) -> dict[str, TapSubscriber]:
     for sub in subs.values():
         await sub.wait_heartbeats(timeout=5)
     return subs
-
-
-def chat_body(content: str = "Hello there", model: str = "deepseek", **extra) -> dict:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "stream": True,
-        "max_tokens": 4,
-        **extra,
-    }
-
-
-async def post(session, url, path="/v1/chat/completions", *, headers=None, **kw):
-    async with session.post(url + path, headers=headers, **kw) as r:
-        return r.status, r.headers.copy(), await r.read()
-
-
-def assert_sse_done(status: int, body: bytes) -> None:
-    assert status == 200, body[:200]
-    assert body.startswith(b"data: "), body[:200]
-    assert body.endswith(b"data: [DONE]\n\n"), body[-200:]
-
-
-def sample(registry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
 
 
 def sse_text(body: bytes) -> str:

@@ -1,8 +1,9 @@
 """Records for the shadow-trace tests: envelopes as the worker builds them, and
-record files as ``shadow-consumer --record`` writes them."""
+record files as ``shadow-consumer --record`` writes them, and an export of them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from shadow_proxy.records import envelope as records
 from shadow_proxy.records import wire
 from shadow_proxy.records.files import RecordFile
+from shadow_proxy.trace.cli import main
 
 T0 = 1_700_000_000_000_000_000  # an arrival wall clock, ns
 
@@ -66,3 +68,15 @@ def write_records(
     out.close()
     path.touch()
     return path
+
+
+def export_rows(
+    tmp_path: Path, envelopes: Sequence[dict[str, Any] | bytes], *args: str, files: int = 1
+) -> tuple[int, list[dict[str, Any]]]:
+    """``shadow-trace export`` of ``envelopes`` written to ``files`` record files
+    (the same records in each); its exit status and the rows it wrote."""
+    sources = [str(write_records(tmp_path / f"rec{i}.bin", envelopes)) for i in range(files)]
+    out = tmp_path / "trace.jsonl"
+    code = main(["export", *sources, "-o", str(out), *args])
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return code, rows

@@ -103,6 +103,12 @@ class Faults:
     #: Emit this many tokens, then finish with ``stop`` (an early EOS).
     stop_after: int | None = None
 
+    def stop_step(self, tokens: int) -> int | None:
+        """The step at which a fault ends a generation of ``tokens`` steps (None:
+        it runs to the end)."""
+        steps = [s for s in (self.error_event_after, self.drop_after) if s is not None]
+        return min(min(steps), tokens) if steps else None
+
     @classmethod
     def parse(cls, text: str | None) -> Faults:
         """Parse ``status=503``, ``error-event-after=K``, ``drop-after=K``, ``hang``,

@@ -51,6 +51,19 @@ class Request:
     request_id: str | None = None
 
 
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be a JSON object; ``MockRequestError`` otherwise."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"request body is not valid JSON: {exc}"
+        raise MockRequestError(msg) from exc
+    if not isinstance(body, dict):
+        msg = "request body must be a JSON object"
+        raise MockRequestError(msg)
+    return body
+
+
 def read_request(
     raw: bytes,
     fault_header: str | None,
@@ -63,14 +76,7 @@ def read_request(
     """Validate a request body; raises ``MockRequestError`` for anything a real
     frontend would reject (bad JSON, unknown model, bad counts, a template
     that fails, an unknown fault)."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        msg = f"request body is not valid JSON: {exc}"
-        raise MockRequestError(msg) from exc
-    if not isinstance(body, dict):
-        msg = "request body must be a JSON object"
-        raise MockRequestError(msg)
+    body = json_object(raw)
     fault_text = fault_header or body.get(FAULT_FIELD)
     faults = Faults.parse(fault_text if isinstance(fault_text, str) else None)
     name = body.get("model")

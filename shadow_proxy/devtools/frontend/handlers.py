@@ -187,28 +187,22 @@ class Handlers:
             request.transport.abort()
         self.stats.requests_failed += 1
 
-    def _stop_step(self, gen: Generation) -> int | None:
-        """The step at which a fault ends the generation (None: it runs to the end)."""
-        faults = gen.faults
-        steps = [s for s in (faults.error_event_after, faults.drop_after) if s is not None]
-        return min(min(steps), gen.tokens_per_choice) if steps else None
+    async def _event_stream(self, request: web.Request) -> web.StreamResponse:
+        """An SSE response with its headers sent (chat, completions, Responses)."""
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        resp = web.StreamResponse(headers={**headers, **self._headers(request)})
+        await resp.prepare(request)
+        return resp
 
     async def _stream(self, request: web.Request, gen: Generation) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                **self._headers(request),
-            }
-        )
-        await resp.prepare(request)
+        resp = await self._event_stream(request)
         if gen.faults.hang:
             await self._hang(request)
             return resp
         encoder = ChunkEncoder(gen)
         stats = self.stats
         length = gen.tokens_per_choice
-        stop_step = self._stop_step(gen)
+        stop_step = gen.faults.stop_step(gen.tokens_per_choice)
         try:
             if self.ttft_s:
                 await asyncio.sleep(self.ttft_s)
@@ -244,7 +238,7 @@ class Handlers:
             await self._hang(request)
             return web.Response(status=499)
         stats = self.stats
-        stop_step = self._stop_step(gen)
+        stop_step = gen.faults.stop_step(gen.tokens_per_choice)
         if self.ttft_s:
             await asyncio.sleep(self.ttft_s)
         for step in range(gen.tokens_per_choice + 1):

@@ -35,7 +35,7 @@ from shadow_proxy.devtools.frontend.config import (
     Faults,
     MockRequestError,
 )
-from shadow_proxy.devtools.frontend.generation import _int_field
+from shadow_proxy.devtools.frontend.generation import _int_field, json_object
 from shadow_proxy.devtools.frontend.models import ServedModel
 from shadow_proxy.worker.request.fields import Reject
 from shadow_proxy.worker.request.responses import chat_request
@@ -141,14 +141,7 @@ class ResponsesHandler:
             stats.in_flight -= 1
 
     async def _plan(self, request: web.Request, raw: bytes) -> Reply:
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            msg = f"request body is not valid JSON: {exc}"
-            raise MockRequestError(msg) from exc
-        if not isinstance(body, dict):
-            msg = "request body must be a JSON object"
-            raise MockRequestError(msg)
+        body = json_object(raw)
         fault_text = request.headers.get(FAULT_HEADER) or body.get(FAULT_FIELD)
         faults = Faults.parse(fault_text if isinstance(fault_text, str) else None)
         model = self.h.models.get(body.get("model"))
@@ -190,26 +183,14 @@ class ResponsesHandler:
             faults=faults,
         )
 
-    def _stop_step(self, reply: Reply) -> int | None:
-        faults = reply.faults
-        steps = [s for s in (faults.error_event_after, faults.drop_after) if s is not None]
-        return min(min(steps), reply.tokens) if steps else None
-
     async def _stream(self, request: web.Request, reply: Reply) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                **self.h._headers(request),
-            }
-        )
-        await resp.prepare(request)
+        resp = await self.h._event_stream(request)
         if reply.faults.hang:
             await self.h._hang(request)
             return resp
         events = _Events(resp)
         stats = self.h.stats
-        stop_step = self._stop_step(reply)
+        stop_step = reply.faults.stop_step(reply.tokens)
         text = ""
         item = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
         try:
@@ -265,7 +246,7 @@ class ResponsesHandler:
             await self.h._hang(request)
             return web.Response(status=499)
         stats = self.h.stats
-        stop_step = self._stop_step(reply)
+        stop_step = reply.faults.stop_step(reply.tokens)
         if self.h.ttft_s:
             await asyncio.sleep(self.h.ttft_s)
         for step in range(reply.tokens + 1):

@@ -4,44 +4,22 @@ defaults, and every rejection with file, line, key, expectation and value."""
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from shadow_proxy.config import GIB, Config, ConfigError, NatsConfig
+from shadow_proxy.config import GIB, NatsConfig
+from tests.support import config_files
+from tests.support.config_files import BASE, assert_names, load, rejected
 
-BASE = """\
-schema_version: 1
-upstream:
-  url: http://127.0.0.1:9
-"""
 NATS = """\
 nats:
   servers: [nats://127.0.0.1:4222]
 """
 
 
-def load(tmp_path: Path, text: str) -> Config:
-    path = tmp_path / "proxy.yaml"
-    path.write_text(textwrap.dedent(text))
-    return Config.from_yaml(path)
-
-
-def rejected(tmp_path: Path, text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load(tmp_path, text)
-    return str(info.value)
-
-
-def assert_names(message: str, tmp_path: Path, line: int, key: str, *values: str) -> None:
-    assert message.startswith(f"{tmp_path / 'proxy.yaml'}:{line}: "), message
-    assert f"'{key}'" in message, message
-    for value in values:
-        assert value in message, message
-
-
 def with_taps(body: str, nats: str = NATS) -> str:
-    return BASE + nats + "taps:\n" + textwrap.indent(textwrap.dedent(body), "  ")
+    """A configuration with the ``nats`` section and the taps of ``body``."""
+    return config_files.with_taps(body, nats)
 
 
 class TestDefaults:

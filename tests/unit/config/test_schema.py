@@ -2,40 +2,11 @@
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
 import pytest
 
 from shadow_proxy.config import MIB, Config, ConfigError
-
-BASE = """\
-schema_version: 1
-upstream:
-  url: http://127.0.0.1:9
-"""
-
-
-def rejected(tmp_path: Path, text: str) -> str:
-    """Write ``text`` to a file, load it, return the error message."""
-    path = tmp_path / "proxy.yaml"
-    path.write_text(textwrap.dedent(text))
-    with pytest.raises(ConfigError) as info:
-        Config.from_yaml(path)
-    return str(info.value)
-
-
-def assert_names(message: str, tmp_path: Path, line: int, key: str, *values: str) -> None:
-    """The message starts with ``file:line:``, quotes the key and names each value."""
-    assert message.startswith(f"{tmp_path / 'proxy.yaml'}:{line}: "), message
-    assert f"'{key}'" in message, message
-    for value in values:
-        assert value in message, message
-    assert "\n" not in message
-
-
-def taps(body: str) -> str:
-    return BASE + "taps:\n" + textwrap.indent(textwrap.dedent(body), "  ")
+from tests.support.config_files import BASE, assert_names, rejected
+from tests.support.config_files import with_taps as taps
 
 
 class TestTapRejections:

@@ -3,32 +3,8 @@ error that names the file, the line(s) and the key, never a silent change."""
 
 from __future__ import annotations
 
-import textwrap
-from pathlib import Path
-
-import pytest
-
-from shadow_proxy.config import Config, ConfigError
-
-BASE = """\
-schema_version: 1
-upstream:
-  url: http://127.0.0.1:9
-"""
-
-
-def load(tmp_path: Path, text: str, name: str = "proxy.yaml") -> Config:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return Config.from_yaml(path)
-
-
-def rejected(tmp_path: Path, text: str) -> str:
-    with pytest.raises(ConfigError) as info:
-        load(tmp_path, text)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
+from shadow_proxy.config import Config
+from tests.support.config_files import BASE, load, rejected
 
 
 class TestDuplicateKeys:

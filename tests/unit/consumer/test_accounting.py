@@ -5,43 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shadow_proxy.consumer.accounting import Accounts
-from shadow_proxy.records import envelope as records
 from shadow_proxy.records import wire
-
-TOPIC = "shadow-requests-a"
-
-
-def record_frames(
-    seq: int,
-    *,
-    publisher: int = 1,
-    transport: int | None = None,
-    topic: str = TOPIC,
-    tokens: int = 3,
-    response: dict | None = None,
-    **overrides,
-) -> list[bytes]:
-    envelope = records.build_envelope(
-        tap="a",
-        seq=seq,
-        request_id=f"req-{seq}",
-        origin="chat",
-        filters=["strip-worker-pins"],
-        arrival_unix_ns=1,
-        sample_rate=1.0,
-        request={"model": "m", "token_ids": list(range(tokens))},
-        response=response,
-    )
-    envelope.update(overrides)
-    payload = wire.encode_envelope(envelope)
-    return wire.encode_frames(topic, publisher, seq if transport is None else transport, 0, payload)
-
-
-def heartbeat_frames(
-    next_seq: int, last_transport: int | None, *, publisher: int = 1, beat: int = 0
-) -> list[bytes]:
-    payload = wire.Heartbeat("a", publisher, next_seq, last_transport, dropped={"full": 1}).encode()
-    return wire.encode_frames(wire.heartbeat_topic(TOPIC), publisher, beat, 0, payload)
+from tests.support.tap_messages import TOPIC, heartbeat_frames, record_frames
 
 
 def feed(accounts: Accounts, seqs, now: float = 0.0, **kwargs) -> None:

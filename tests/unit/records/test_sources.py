@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ import zmq
 from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records import files, sources, wire
 from shadow_proxy.records.envelope import build_envelope
+from tests.support.tap_messages import publisher
 
 TOPIC = "shadow-requests-kv"
 
@@ -117,19 +118,6 @@ class TestFileSource:
         await delivery.ack()
 
 
-@contextlib.contextmanager
-def publisher_socket() -> Iterator[tuple[zmq.Socket, str]]:
-    context = zmq.Context()
-    socket = context.socket(zmq.PUB)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.bind("tcp://127.0.0.1:*")
-    try:
-        yield socket, socket.getsockopt_string(zmq.LAST_ENDPOINT)
-    finally:
-        socket.close(linger=0)
-        context.term()
-
-
 def send(socket: zmq.Socket, message: wire.Message) -> None:
     socket.send_multipart(
         wire.encode_frames(message.topic, message.publisher_id, message.sequence, 0,
@@ -160,7 +148,7 @@ class TestTapSource:
     """A live tap on a real SUB socket: exact topics, dedup, heartbeats."""
 
     async def test_records_and_heartbeats(self) -> None:
-        with publisher_socket() as (socket, endpoint):
+        with publisher() as (socket, endpoint):
             source = sources.TapSource([endpoint], TOPIC, heartbeats=True)
             assert source.live and source.describe() == f"topic {TOPIC} at {endpoint}"
             async with reading(source) as found:

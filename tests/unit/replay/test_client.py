@@ -5,13 +5,10 @@ token ids; failures end as observations, never as exceptions."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from shadow_proxy.devtools.frontend import MockConfig, load_models, serve_mock_frontend
 from shadow_proxy.devtools.processes import reserve_port
 from shadow_proxy.replay.client import CandidateClient
 from shadow_proxy.replay.request import CandidateRequest
@@ -31,18 +28,6 @@ def request(prompt_len: int = 5, max_tokens: int = 6, **extra) -> CandidateReque
         **extra,
     }
     return CandidateRequest("rid-7", body, {"x-request-id": "rid-7"}, prompt_len)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dirs: dict[str, Path]) -> dict:
-    return load_models(MockConfig(models={"deepseek": model_dirs["deepseek"]}))
-
-
-@pytest.fixture
-async def frontend(model_dirs: dict[str, Path], loaded: dict) -> AsyncIterator[str]:
-    config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, ttft_ms=80, itl_ms=20)
-    async with serve_mock_frontend(config, loaded) as (url, _app):
-        yield url
 
 
 class TestStream:

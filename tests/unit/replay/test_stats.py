@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shadow_proxy.replay.compare import Observation, compare
+from shadow_proxy.replay.compare import compare
 from shadow_proxy.replay.stats import (
     COLUMNS,
     Samples,
@@ -14,6 +14,7 @@ from shadow_proxy.replay.stats import (
     percentiles,
     verdict,
 )
+from tests.support.replay import observation as obs
 
 
 class TestPercentiles:
@@ -71,22 +72,6 @@ class TestSamples:
         assert column.size == 100 and samples.sampled
         assert all(samples.columns[c].buffer_info()[1] == 100 for c in COLUMNS)
         assert 2_000 < float(np.median(column)) < 8_000  # drawn from the whole range
-
-
-def obs(ttft: float, ids: tuple[int, ...] = (1, 2), error: str | None = None) -> Observation:
-    return Observation(
-        outcome="error" if error else "complete",
-        finish_reasons=("length",),
-        output_tokens=len(ids),
-        exact_tokens=len(ids),
-        token_ids=(ids,),
-        ttft_ms=ttft,
-        itl_ms=ttft / 10,
-        e2e_ms=ttft * 2,
-        prompt_tokens=5,
-        http_status=503 if error else 200,
-        error=error,
-    )
 
 
 class TestTally:

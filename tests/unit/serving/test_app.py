@@ -11,6 +11,7 @@ from shadow_proxy.devtools.processes import (
     reserve_port,
 )
 from shadow_proxy.serving.app import HANDLER, TAPS
+from tests.support.client import assert_sse_done, chat_body, post, sample
 from tests.support.scripted import fetch
 from tests.support.servers import proxy_config, run_proxy
 
@@ -50,31 +51,6 @@ class TestOwnEndpoints:
         assert value("shadow_proxy_request_duration_seconds_bucket",
                      {"route": "chat", "le": "1200.0"}) == 1  # fmt: skip
         assert value("shadow_proxy_in_flight_requests") == 0
-
-
-def chat_body(content: str = "Hello there", model: str = "deepseek", **extra) -> dict:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "stream": True,
-        "max_tokens": 4,
-        **extra,
-    }
-
-
-async def post(session, url, path="/v1/chat/completions", *, headers=None, **kw):
-    async with session.post(url + path, headers=headers, **kw) as r:
-        return r.status, r.headers.copy(), await r.read()
-
-
-def assert_sse_done(status: int, body: bytes) -> None:
-    assert status == 200, body[:200]
-    assert body.startswith(b"data: "), body[:200]
-    assert body.endswith(b"data: [DONE]\n\n"), body[-200:]
-
-
-def sample(registry, name: str, **labels: str) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
 
 
 class TestNoTaps:

@@ -16,6 +16,7 @@ from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
 from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.tokenizer import LoadedModel
+from tests.support.client import chat_body
 from tests.support.servers import proxy_config
 
 ARRIVAL_NS = 1_700_000_000_000_000_000
@@ -42,11 +43,6 @@ def request(n: int, body: dict[str, Any], *, lost_before: int = 0, rid: str = ""
         (rid or f"req-{n}").encode(),
         json.dumps(body).encode(),
     ]
-
-
-def chat_body(model: str = "deepseek", content: str = "Hello there") -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": content}], "stream": True,
-            "max_tokens": 4}  # fmt: skip
 
 
 def event(content: str | None = None, finish: str | None = None, **extra: Any) -> bytes:

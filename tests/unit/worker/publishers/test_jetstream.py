@@ -1,9 +1,10 @@
-"""The JetStream publisher on its own (SPEC 9), against a real nats-server: the
-message format, the stream it creates or checks, the ack window's bound, drops
-while the server does not answer, and a server that is not there at start.
+"""The JetStream link (SPEC 9) against a real nats-server: the message format,
+the stream it creates or checks at start-up, the ack window's bound, drops
+while the server does not answer, a server that is not there at start, and
+what is left at close.
 
-The publisher runs as the worker runs it: its link thread publishes, and this
-thread plays the worker's loop (``offer`` then ``pump``).
+The link runs as the worker runs it: its thread publishes, and this thread
+plays the worker's loop (``offer`` then ``pump``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import nats
 import pytest
 from nats.js import api
 
+from shadow_proxy.config import Config
 from shadow_proxy.devtools.nats_server import NatsCluster
 from shadow_proxy.devtools.processes import wait_until
-from shadow_proxy.records.wire import decode_envelope
+from shadow_proxy.records.wire import Heartbeat, decode_envelope
+from shadow_proxy.worker.publishers.jetstream import JetStreamLink
 from shadow_proxy.worker.publishers.jetstream_stream import DUPLICATE_WINDOW_S
-from tests.integration.jetstream_helpers import DirectPublisher, tap_messages
-from tests.integration.nats_harness import stream_info
+from tests.support.jetstream import DirectPublisher, tap_messages
+from tests.support.nats import stream_info
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(60)]
 
@@ -121,7 +124,9 @@ class TestBounds:
             assert slowest < 0.05, f"offer+pump took {slowest * 1000:.1f} ms"
             assert direct.publisher.in_flight == capacity
             assert direct.queue.dropped["full"] == 100 - 2 * capacity
-            await asyncio.sleep(2.5)  # past the ack timeout: resends happen meanwhile
+            # Past the ack timeout the window is sent again (to a server that
+            # does not answer): the resends are what JetStream must store once.
+            await wait_until(lambda: direct.publisher.stats.retries > 0, timeout=10)
             server.resume()
 
             def drained() -> bool:
@@ -160,3 +165,58 @@ class TestNoServerAtStart:
         finally:
             direct.close()
             cluster.stop()
+
+
+class TestClose:
+    """At close the last heartbeat goes to the stream, and what was never
+    acknowledged is counted as dropped (``unacked``: it may be in the stream)."""
+
+    async def test_last_heartbeat(self, nats_server):
+        direct = DirectPublisher(nats_server.urls)
+        assert direct.startup_problem() is None
+        direct.offer(2)
+        await wait_until(lambda: direct.queue.published == 2, timeout=10)
+        direct.close()
+        [beat] = await tap_messages(nats_server.urls, SUBJECT + ".heartbeat")
+        heartbeat = Heartbeat.decode(beat.data)
+        assert (heartbeat.tap, heartbeat.next_seq, heartbeat.published) == ("direct", 2, 2)
+        assert heartbeat.publisher_id == direct.publisher.publisher_id
+
+    async def test_unacknowledged_counted(self, nats_server):
+        """Records held at close are dropped and counted: ``unacked`` when sent
+        (they may be in the stream), ``closed`` when never sent (a paused server
+        may be declared stale by then). Which is which: test_jetstream_tap.py."""
+        direct = DirectPublisher(nats_server.urls, capacity=8)
+        server = nats_server.servers[0]
+        try:
+            assert direct.startup_problem() is None
+            server.pause()
+            direct.offer(5)
+            await wait_until(lambda: len(direct.publisher.window) == 5, timeout=10)
+            direct.close()
+        finally:
+            server.resume()
+        dropped = direct.queue.dropped
+        assert dropped["unacked"] + dropped["closed"] == 5, dropped
+        assert direct.publisher.in_flight == 0 and direct.queue.published == 0
+
+    async def test_never_sent_counted_closed(self, tmp_path):
+        cluster = NatsCluster.create(tmp_path / "nats", 1)  # never started: nobody answers
+        direct = DirectPublisher(cluster.urls)
+        assert direct.startup_problem(budget_s=1.0) is None
+        direct.offer(3)
+        direct.close()
+        dropped = direct.queue.dropped
+        assert (dropped["closed"], dropped.get("unacked", 0)) == (3, 0)
+        assert direct.publisher.in_flight == 0
+
+    def test_no_link_without_a_nats_tap(self):
+        config = Config.from_mapping(
+            {
+                "schema_version": 1,
+                "upstream": {"url": "http://127.0.0.1:9"},
+                "nats": {"servers": ["nats://127.0.0.1:9"]},
+                "taps": [{"name": "a", "capture": "request"}],
+            }
+        )
+        assert JetStreamLink.for_config(config) is None

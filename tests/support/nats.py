@@ -1,4 +1,5 @@
-"""Real nats-server processes for the JetStream tests, and ways to look into a stream.
+"""Real nats-server processes for the JetStream tests (unit and integration), and
+ways to look into a stream.
 
 Fixtures: ``nats_server`` (one server with JetStream) and ``nats_cluster`` (three
 servers routed into one JetStream cluster), each on free loopback ports with
@@ -44,11 +45,7 @@ def started(directory: Path, size: int) -> Iterator[NatsCluster]:
         cluster.start()
         yield cluster
     finally:
-        for server in cluster.servers:
-            if server.running:
-                server.stop()
-            elif server.process is not None:
-                server.kill()
+        cluster.stop()  # whatever the test did to them: a paused server is resumed first
 
 
 @pytest.fixture

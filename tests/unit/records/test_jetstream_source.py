@@ -1,0 +1,154 @@
+"""A tap's records read from JetStream with a durable pull consumer, against a
+real nats-server: what is not a record of the tap is counted, acknowledged and
+skipped; redeliveries are yielded once; the transport fields come from the
+publisher's headers; a missing stream or a durable of another tap is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import nats
+import nats.js
+import pytest
+from nats.js import api
+
+from shadow_proxy.records.jetstream_source import JetStreamSource, default_subject
+from shadow_proxy.records.sources import Delivery, SourceError
+from shadow_proxy.records.wire import Heartbeat, encode_envelope, heartbeat_topic
+from tests.support.jetstream import synthetic_payload
+
+pytestmark = [pytest.mark.nats, pytest.mark.timeout(60)]
+
+TAP = "direct"
+SUBJECT = "shadow.shadow-requests-direct"
+
+
+@contextlib.asynccontextmanager
+async def shadow_stream(urls: list[str]) -> AsyncIterator[nats.js.JetStreamContext]:
+    """The SHADOW stream (``shadow.>``) created, and a JetStream context to fill it."""
+    nc = await nats.connect(urls)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="SHADOW", subjects=["shadow.>"])
+        yield js
+    finally:
+        await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def reading(source: JetStreamSource) -> AsyncIterator[AsyncIterator[Delivery]]:
+    """The source's deliveries; the iterator and the source closed on the way out."""
+    deliveries = source.deliveries()
+    try:
+        yield deliveries
+    finally:
+        await deliveries.aclose()
+        await source.aclose()
+
+
+class TestNotRecords:
+    """Messages on the tap's subjects that are not its records are counted by
+    reason, acknowledged (never delivered again) and skipped."""
+
+    async def test_rejected(self, nats_server):
+        async with shadow_stream(nats_server.urls) as js:
+            good = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "7", "Shadow-Seq": "0"}
+            await js.publish(SUBJECT, synthetic_payload(TAP, 0), headers=good)
+            await js.publish(SUBJECT, b"\xc1 not msgpack", headers={**good, "Shadow-Seq": "1"})
+            await js.publish(SUBJECT, synthetic_payload(TAP, 2), headers={"Shadow-Tap": TAP})
+            other = {**good, "Shadow-Tap": "other", "Shadow-Seq": "3"}
+            await js.publish(SUBJECT, synthetic_payload("other", 3), headers=other)
+            await js.publish(
+                SUBJECT, encode_envelope({"tap": TAP}), headers={**good, "Shadow-Seq": "4"}
+            )
+            await js.publish(SUBJECT, synthetic_payload(TAP, 0), headers=good)  # a repeat
+            await js.publish(
+                SUBJECT, synthetic_payload(TAP, 5), headers={**good, "Shadow-Seq": "5"}
+            )
+
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "strict", ack_wait_s=1)
+        async with reading(source) as deliveries:
+            got = []
+            for _ in range(2):
+                delivery = await asyncio.wait_for(anext(deliveries), 5)
+                got.append((delivery.message.publisher_id, delivery.envelope["seq"]))
+                await delivery.ack()
+            assert got == [(7, 0), (7, 5)]
+            assert source.stats.unreadable == {"envelope": 1, "headers": 1, "tap": 1, "record": 1}
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(deliveries), 1.5)
+            # Only the repeat: the acknowledged records were not delivered again.
+            assert source.stats.duplicates == 1
+        # A second reader on the same durable gets nothing again within three times
+        # the ack wait: all was acknowledged (what was not would come again).
+        again = JetStreamSource(nats_server.urls, "SHADOW", TAP, "strict", ack_wait_s=1)
+        async with reading(again) as stream:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(stream), 3)
+
+
+class TestDeliveries:
+    """Records and heartbeats as deliveries, with the publisher's transport fields."""
+
+    async def test_transport_fields_and_heartbeats(self, nats_server):
+        async with shadow_stream(nats_server.urls) as js:
+            headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "9", "Shadow-Seq": "3",
+                       "Shadow-Transport-Seq": "41"}  # fmt: skip
+            await js.publish(SUBJECT, synthetic_payload(TAP, 3), headers=headers)
+            beat = Heartbeat(tap=TAP, publisher_id=9, next_seq=4, last_transport_sequence=41,
+                             queued=0, published=4, dropped={}, publish_errors=0)  # fmt: skip
+            beat_headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "9"}
+            await js.publish(heartbeat_topic(SUBJECT), beat.encode(), headers=beat_headers)
+
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "fields", heartbeats=True)
+        async with reading(source) as deliveries:
+            record = await asyncio.wait_for(anext(deliveries), 5)
+            assert (record.message.publisher_id, record.message.sequence) == (9, 41)
+            assert record.message.topic == SUBJECT and record.message.published_at_ms > 0
+            assert record.envelope["seq"] == 3 and record.where == "SHADOW#1"
+            await record.ack()
+            heartbeat = await asyncio.wait_for(anext(deliveries), 5)
+            assert heartbeat.heartbeat == beat and heartbeat.envelope is None
+            assert (source.stats.records, source.stats.heartbeats) == (1, 1)
+
+    async def test_unacknowledged_is_delivered_again(self, nats_server):
+        async with shadow_stream(nats_server.urls) as js:
+            headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "1", "Shadow-Seq": "0"}
+            await js.publish(SUBJECT, synthetic_payload(TAP, 0), headers=headers)
+        first = JetStreamSource(nats_server.urls, "SHADOW", TAP, "again", ack_wait_s=1)
+        async with reading(first) as stream:
+            await asyncio.wait_for(anext(stream), 5)  # not acknowledged
+        second = JetStreamSource(nats_server.urls, "SHADOW", TAP, "again", ack_wait_s=1)
+        async with reading(second) as stream:
+            delivery = await asyncio.wait_for(anext(stream), 10)
+            assert delivery.envelope["seq"] == 0
+            await delivery.ack()
+
+
+class TestRefused:
+    """A stream that is not there, or a durable that reads other subjects."""
+
+    async def test_no_stream(self, nats_server):
+        source = JetStreamSource(nats_server.urls, "NOPE", TAP, "d")
+        with pytest.raises(SourceError, match="no JetStream stream 'NOPE' at nats://"):
+            await source.open()
+
+    async def test_durable_of_another_tap(self, nats_server):
+        async with shadow_stream(nats_server.urls) as js:
+            await js.add_consumer(
+                "SHADOW",
+                api.ConsumerConfig(durable_name="shared", filter_subject="shadow.other",
+                                   ack_policy=api.AckPolicy.EXPLICIT),
+            )  # fmt: skip
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "shared")
+        with pytest.raises(SourceError, match="choose another --durable for this tap"):
+            await source.open()
+
+    def test_subject_and_description(self):
+        assert default_subject("kv") == "shadow.shadow-requests-kv"
+        assert default_subject("kv", "custom") == "shadow.custom"
+        source = JetStreamSource(["nats://a:1", "nats://b:2"], "S", "kv", "d", subject="x.y")
+        assert source.filter_subjects == ["x.y", "x.y.heartbeat"]
+        assert source.describe() == "stream S subject x.y durable d at nats://a:1,nats://b:2"

@@ -1,0 +1,159 @@
+"""``shadow-replay``: record files read in arrival order, its arguments and exit
+status, and a whole run from the command line against the built-in frontend."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shadow_proxy.devtools.frontend import MockConfig, serve_mock_frontend
+from shadow_proxy.records import sources
+from shadow_proxy.replay.cli import build_parser, envelopes_of, headline, main
+from tests.support.replay import joined_record
+from tests.support.trace_records import write_records
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def source_of(*paths: Path) -> sources.RecordSource:
+    args = build_parser().parse_args([*map(str, paths), "--candidate", "u", "--out", "o"])
+    return sources.open_source(args)
+
+
+class TestEnvelopes:
+    """A record file is in publish order; the replay reads it in arrival order
+    within the window, and acknowledges each record as it hands it on."""
+
+    async def test_arrival_order(self, tmp_path: Path) -> None:
+        arrivals = [30, 10, 20, 0]
+        path = write_records(
+            tmp_path / "r.rec",
+            [joined_record(k, "x", max_tokens=1, arrival_ms=a) for k, a in enumerate(arrivals)],
+        )
+        got = [e["seq"] async for e in envelopes_of(source_of(path))]
+        assert got == [3, 1, 2, 0]
+
+    async def test_window_bounds_the_reordering(self, tmp_path: Path) -> None:
+        records = [joined_record(k, "x", max_tokens=1, arrival_ms=-k) for k in range(4)]
+        path = write_records(tmp_path / "r.rec", records)
+        got = [e["seq"] async for e in envelopes_of(source_of(path), window=2)]
+        assert got != [3, 2, 1, 0] and sorted(got) == [0, 1, 2, 3]
+
+    async def test_closes_the_source(self, tmp_path: Path) -> None:
+        path = write_records(tmp_path / "r.rec", [joined_record(0, "x", max_tokens=1)])
+        source = source_of(path)
+        closed = []
+        real_close = source.aclose
+
+        async def aclose() -> None:
+            closed.append(True)
+            await real_close()
+
+        source.aclose = aclose  # type: ignore[method-assign]
+        envelopes = envelopes_of(source)
+        await anext(envelopes)
+        await envelopes.aclose()
+        assert closed == [True]
+
+
+class TestArguments:
+    """Bad arguments exit 2 naming the option; good ones are parsed to values."""
+
+    def test_values(self) -> None:
+        args = build_parser().parse_args(
+            ["r", "--candidate", "u", "--out", "o", "--speed", "max", "--max-lag-s", "0"]
+        )
+        assert (args.speed, args.max_lag_s, args.concurrency) == (None, 0.0, 16)
+        assert build_parser().parse_args(["r", "--candidate", "u", "--out", "o",
+                                          "--speed", "2.5"]).speed == 2.5  # fmt: skip
+
+    @pytest.mark.parametrize(
+        ("option", "value", "message"),
+        [
+            ("--speed", "0", "must be a positive number or 'max' (got '0')"),
+            ("--speed", "fast", "must be a positive number or 'max' (got 'fast')"),
+            ("--concurrency", "0", "must be positive (got '0')"),
+            ("--reorder-window", "x", "must be positive (got 'x')"),
+            ("--max-lag-s", "-1", "must be at least 0 (got '-1')"),
+        ],
+    )
+    def test_rejected(self, option: str, value: str, message: str, capsys) -> None:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["r", "--candidate", "u", "--out", "o", option, value])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert option in err and message in err
+
+    def test_missing_source(self, tmp_path: Path, capsys) -> None:
+        code = main([str(tmp_path / "missing*"), "--candidate", "http://x", "--out", "o"])
+        assert code == 2 and "no record files in" in capsys.readouterr().err
+
+    def test_missing_tokenizer(self, tmp_path: Path, capsys) -> None:
+        path = write_records(tmp_path / "r.rec", [])
+        args = [str(path), "--candidate", "u", "--out", "o", "--tokenizer", str(tmp_path)]
+        assert main(args) == 2
+        assert "'--tokenizer' must name a tokenizer.json" in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def frontend_on_a_thread(model_dir: Path, loaded: dict) -> Iterator[str]:
+    """The built-in frontend served by a thread with its own event loop, so that
+    ``main`` (which runs its own loop and wants the main thread for its signal
+    handlers) can run here."""
+    loop = asyncio.new_event_loop()
+    started: concurrent.futures.Future[str] = concurrent.futures.Future()
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        config = MockConfig(models={"deepseek": model_dir}, ttft_ms=1, itl_ms=1)
+        async with serve_mock_frontend(config, loaded) as (url, _app):
+            started.set_result(url)
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    try:
+        yield started.result(timeout=30)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        loop.close()
+
+
+class TestRun:
+    """A whole run: exit 0, the report in DIR and the headline on stderr."""
+
+    def test_replays_a_record_file(self, model_dirs, loaded: dict, tmp_path, capsys) -> None:
+        text = loaded["deepseek"].output_text(3)
+        path = write_records(
+            tmp_path / "r.rec",
+            [joined_record(k, text, max_tokens=3, arrival_ms=-k) for k in range(3)],
+        )
+        out = tmp_path / "out"
+        with frontend_on_a_thread(model_dirs["deepseek"], loaded) as url:
+            argv = [str(path), "--candidate", url, "--out", str(out), "--speed", "max"]
+            code = main([*argv, "--concurrency", "1", "--reorder-window", "8"])
+        assert code == 0
+        pairs = (out / "pairs.jsonl").read_text().splitlines()
+        assert [json.loads(line)["seq"] for line in pairs] == [2, 1, 0]  # arrival order
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["replayed"] == 3 and summary["exact_match_rate"] == 1.0
+        err = capsys.readouterr().err
+        assert headline(summary) in err and f"report: {out / 'report.md'}" in err
+
+    def test_headline(self) -> None:
+        summary = {
+            "records": 5, "replayed": 4, "skipped": {"late": 1}, "errors": 0,
+            "exact_match_rate": 0.5, "ttft_ms": {"ratio_p50": 1.2, "verdict": "higher"},
+        }  # fmt: skip
+        assert headline(summary) == (
+            "records=5 replayed=4 skipped=1 errors=0 exact_match_rate=0.5 "
+            "ttft ratio_p50=1.2 (higher)"
+        )

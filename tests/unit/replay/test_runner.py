@@ -1,0 +1,121 @@
+"""One replay run against the built-in frontend on loopback: each record sent,
+compared with the primary's answer and written as a pair; records that cannot
+be replayed counted; the report written whatever ends the run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadow_proxy.devtools.frontend import MockConfig, serve_mock_frontend
+from shadow_proxy.devtools.processes import wait_until
+from shadow_proxy.replay.runner import Replay, ReplayOptions, load_tokenizer
+from tests.support.replay import joined_record
+
+pytestmark = pytest.mark.timeout(60)
+
+MAX_TOKENS = 4
+
+
+async def feed(records: Iterable[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for record in records:
+        yield record
+
+
+def options(out: Path, candidate: str, **kwargs: Any) -> ReplayOptions:
+    return ReplayOptions(candidate=candidate, out_dir=out, speed=None, concurrency=2, **kwargs)
+
+
+def pairs(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+async def fast(model_dirs: dict[str, Path], loaded: dict) -> AsyncIterator[str]:
+    config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, ttft_ms=1, itl_ms=1)
+    async with serve_mock_frontend(config, loaded) as (url, _app):
+        yield url
+
+
+class TestRun:
+    """Records in, pairs and a report out."""
+
+    async def test_pairs_summary_and_report(self, fast: str, loaded: dict, tmp_path: Path):
+        same = loaded["deepseek"].output_text(MAX_TOKENS)
+        records = [joined_record(k, same, max_tokens=MAX_TOKENS, arrival_ms=k) for k in range(3)]
+        records.append(joined_record(3, "something else", max_tokens=MAX_TOKENS))
+        records.append(joined_record(4, same, max_tokens=MAX_TOKENS, response=False))
+        summary = await Replay(options(tmp_path, fast), "shadow-replay t").run(
+            feed(records), lambda: {"entry": 2}
+        )
+        assert (summary["records"], summary["replayed"]) == (5, 4)
+        assert summary["skipped"] == {"no_response": 1}
+        assert summary["compared"] == 4 and summary["exact_match_rate"] == 0.75
+        assert summary["differences"]["output"]["counted"] == 1
+        run = summary["run"]
+        assert run["complete"] is True and run["unreadable"] == {"entry": 2}
+        assert (run["candidate"], run["speed"], run["concurrency"]) == (fast, "max", 2)
+        lines = sorted(pairs(tmp_path), key=lambda line: line["seq"])
+        assert [line["request_id"] for line in lines] == ["rid-0", "rid-1", "rid-2", "rid-3"]
+        assert {line["tap"] for line in lines} == {"joined"}
+        assert all(line["model"] == "deepseek" and line["prompt_tokens"] == 5 for line in lines)
+        assert lines[3]["candidate_diff"]["output_equal"] is False
+        assert lines[3]["counted"]["output"] is True
+        assert json.loads((tmp_path / "summary.json").read_text()) == summary
+        assert "shadow-replay t" in (tmp_path / "report.md").read_text()
+
+    async def test_baseline_at_the_same_moment(self, fast: str, loaded: dict, tmp_path: Path):
+        same = loaded["deepseek"].output_text(MAX_TOKENS)
+        records = [joined_record(k, same, max_tokens=MAX_TOKENS) for k in range(2)]
+        replay = Replay(options(tmp_path, fast, baseline=fast), "shadow-replay t")
+        summary = await replay.run(feed(records))
+        assert summary["ttft_ms"]["judged_against"] == "baseline"
+        assert all("baseline" in line and "baseline_diff" in line for line in pairs(tmp_path))
+
+    async def test_load_only(self, fast: str, tmp_path: Path):
+        records = [joined_record(k, "x", max_tokens=2, response=k == 0) for k in range(3)]
+        summary = await Replay(options(tmp_path, fast, compare=False), "t").run(feed(records))
+        assert summary["replayed"] == 3 and summary["compared"] == 0
+        assert all(set(line) == {"request_id", "tap", "seq", "model", "prompt_tokens",
+                                 "candidate"} for line in pairs(tmp_path))  # fmt: skip
+
+    async def test_model_sent_instead(self, fast: str, tmp_path: Path):
+        records = [joined_record(0, "x", max_tokens=2, model="other")]
+        await Replay(options(tmp_path, fast, model="deepseek"), "t").run(feed(records))
+        [line] = pairs(tmp_path)
+        assert line["model"] == "deepseek" and line["candidate"]["outcome"] == "complete"
+
+
+class TestCancelled:
+    """Cancelling the run (Ctrl-C) still writes the report of what was done."""
+
+    async def test_report_of_what_was_done(self, model_dirs, loaded: dict, tmp_path: Path):
+        config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, ttft_ms=20_000)
+        async with serve_mock_frontend(config, loaded) as (slow, _app):
+            replay = Replay(options(tmp_path, slow), "t")
+            records = [joined_record(k, "x", max_tokens=2) for k in range(5)]
+            run = asyncio.create_task(replay.run(feed(records)))
+            await wait_until(lambda: replay.scheduler.counts.in_flight >= 1, timeout=10)
+            run.cancel()
+            summary = await run
+        assert summary["run"]["complete"] is False and summary["replayed"] == 0
+        assert run.cancelling() == 0  # the run took the cancellation as its end
+        assert "interrupted" in (tmp_path / "report.md").read_text()
+
+
+class TestTokenizer:
+    """``--tokenizer`` names a tokenizer.json or its directory."""
+
+    def test_directory_or_file(self, model_dirs) -> None:
+        directory = model_dirs["deepseek"]
+        assert load_tokenizer(directory).encode("hi").ids
+        assert load_tokenizer(directory / "tokenizer.json").encode("hi").ids
+
+    def test_missing(self, tmp_path: Path) -> None:
+        with pytest.raises(ValueError, match=r"'--tokenizer' must name a tokenizer\.json"):
+            load_tokenizer(tmp_path)

@@ -1,0 +1,124 @@
+"""The stream the ``nats`` taps publish to: NATS subject matching (pure), the
+stream the proxy creates, and ``ensure_stream`` against a real nats-server
+(created, found covering, found not covering, no answer)."""
+
+from __future__ import annotations
+
+import logging
+
+import nats
+import nats.errors
+import pytest
+from nats.js import api
+
+from shadow_proxy.config.nats import NatsConfig
+from shadow_proxy.devtools.nats_server import nats_server_binary
+from shadow_proxy.devtools.processes import Child, reserve_port, wait_until
+from shadow_proxy.worker.publishers.jetstream_stream import (
+    DUPLICATE_WINDOW_S,
+    ensure_stream,
+    stream_config,
+    subject_matches,
+    uncovered,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+SUBJECTS = ["shadow.kv", "shadow.kv.heartbeat"]
+
+
+class TestSubjects:
+    """``*`` is one token, ``>`` one or more trailing tokens."""
+
+    @pytest.mark.parametrize(
+        ("pattern", "subject", "covered"),
+        [
+            ("shadow.>", "shadow.kv", True),
+            ("shadow.>", "shadow.kv.heartbeat", True),
+            ("shadow.>", "shadow", False),
+            ("shadow.*", "shadow.kv", True),
+            ("shadow.*", "shadow.kv.heartbeat", False),
+            ("shadow.*.heartbeat", "shadow.kv.heartbeat", True),
+            ("shadow.kv", "shadow.kv", True),
+            ("shadow.kv", "shadow.kvx", False),
+            ("shadow.kv", "shadow", False),
+            (">", "a.b", True),
+        ],
+    )
+    def test_matches(self, pattern: str, subject: str, covered: bool) -> None:
+        assert subject_matches(pattern, subject) is covered
+
+    def test_uncovered_in_order(self) -> None:
+        subjects = ["other.b", "shadow.a", "other.a"]
+        assert uncovered(["shadow.>"], subjects) == ["other.b", "other.a"]
+        assert uncovered(["shadow.>", "other.*"], subjects) == []
+
+    def test_created_stream(self) -> None:
+        config = NatsConfig(servers=("nats://x",), replicas=3, max_bytes=1024, max_age_s=60.0,
+                            discard="new")  # fmt: skip
+        created = stream_config(config, ["shadow.kv", "logs.kv", "logs.kv.heartbeat"])
+        assert created.subjects == ["shadow.>", "logs.kv", "logs.kv.heartbeat"]
+        assert (created.num_replicas, created.max_bytes, created.max_age) == (3, 1024, 60.0)
+        assert created.discard == api.DiscardPolicy.NEW
+        assert created.storage == api.StorageType.FILE
+        assert created.duplicate_window == DUPLICATE_WINDOW_S
+
+
+class TestEnsure:
+    """Create the stream if missing, else check it covers the subjects."""
+
+    async def test_created_then_found(self, nats_server, caplog) -> None:
+        config = NatsConfig(servers=tuple(nats_server.urls), max_bytes=2**20)
+        nc = await nats.connect(nats_server.urls)
+        try:
+            js = nc.jetstream(timeout=5)
+            check = await ensure_stream(js, config, SUBJECTS)
+            assert check.ok and check.created
+            info = await js.stream_info("SHADOW")
+            assert info.config.subjects == ["shadow.>"] and info.config.max_bytes == 2**20
+            with caplog.at_level(logging.WARNING):
+                again = await ensure_stream(js, NatsConfig(servers=config.servers), SUBJECTS)
+            assert again.ok and not again.created
+            assert "max_bytes is 1048576, the configuration says" in caplog.text
+        finally:
+            await nc.close()
+
+    async def test_existing_stream_that_does_not_cover(self, nats_server) -> None:
+        config = NatsConfig(servers=tuple(nats_server.urls))
+        nc = await nats.connect(nats_server.urls)
+        try:
+            js = nc.jetstream(timeout=5)
+            await js.add_stream(name="SHADOW", subjects=["shadow.*"])
+            check = await ensure_stream(js, config, SUBJECTS)
+        finally:
+            await nc.close()
+        assert (check.ok, check.reason) == (False, "subjects")
+        assert check.problem == (
+            "JetStream stream 'SHADOW' has subjects ['shadow.*'], which do not cover "
+            "['shadow.kv.heartbeat']: add them to the stream (nats stream edit) or change "
+            "the taps' 'subject' or 'nats.stream'"
+        )
+
+    async def test_no_jetstream_answer(self, tmp_path) -> None:
+        """A NATS server without JetStream: the check says it is unavailable."""
+        port = reserve_port()
+        argv = [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port)]
+        with Child("plain-nats", argv, tmp_path, merge_output=True) as child:
+            url = f"nats://127.0.0.1:{port}"
+            nc = await wait_until(lambda: _connect(url), timeout=10, children=[child])
+            try:
+                check = await ensure_stream(
+                    nc.jetstream(timeout=1), NatsConfig(servers=(url,)), SUBJECTS
+                )
+            finally:
+                await nc.close()
+        assert (check.ok, check.reason) == (False, "unavailable")
+        assert check.problem.startswith("JetStream did not answer about stream 'SHADOW'")
+
+
+async def _connect(url: str) -> nats.NATS | None:
+    """A connection to ``url``, or None while nothing answers there."""
+    try:
+        return await nats.connect(url, connect_timeout=1, allow_reconnect=False)
+    except (nats.errors.Error, OSError, TimeoutError):
+        return None

@@ -1,0 +1,210 @@
+"""One ``nats`` tap's state, driven step by step as the two threads drive it: the
+worker's ``pump`` bounded by the window, the link's hand-over, sends with the
+SPEC 9 headers on a real connection, acknowledgements, timeouts and resends,
+heartbeats only when the numbers changed, and what is left at close."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from shadow_proxy.config import Config
+from shadow_proxy.records.wire import Heartbeat, encode_envelope
+from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+from shadow_proxy.worker.publishers.jetstream_tap import (
+    ACK_TIMEOUT_S,
+    RETRY_MAX_S,
+    JetStreamPublisher,
+    ack_timeout,
+    envelope_seq,
+)
+from shadow_proxy.worker.tap_queue import TapQueue
+from tests.support.jetstream import synthetic_payload
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def config(servers: list[str], capacity: int = 4) -> Config:
+    return Config.from_mapping(
+        {
+            "schema_version": 1,
+            "upstream": {"url": "http://127.0.0.1:9"},
+            "nats": {"servers": servers},
+            "taps": [
+                {"name": "t", "capture": "request", "transport": "nats", "capacity": capacity}
+            ],
+        }
+    )
+
+
+@pytest.fixture
+def tap() -> Iterator[JetStreamPublisher]:
+    """A publisher on a link whose thread is not started: the test plays both threads."""
+    cfg = config(["nats://127.0.0.1:9"])
+    link = JetStreamLink(cfg.nats)
+    publisher = link.publisher(TapQueue(cfg.taps[0]))
+    yield publisher
+    link.loop.close()
+
+
+def offer(publisher: JetStreamPublisher, count: int) -> None:
+    for _ in range(count):
+        seq = publisher.queue.take_seq()
+        publisher.queue.offer(synthetic_payload("t", seq))
+
+
+def reply(data: object, headers: dict[str, str] | None = None) -> Msg:
+    body = data if isinstance(data, bytes) else json.dumps(data).encode()
+    return Msg(None, subject="_INBOX.x", data=body, headers=headers)  # type: ignore[arg-type]
+
+
+class TestPure:
+    """The resend schedule and the seq read from an envelope's first keys."""
+
+    def test_ack_timeout_doubles_up_to_the_cap(self) -> None:
+        assert [ack_timeout(a) for a in (1, 2, 3, 4)] == [ACK_TIMEOUT_S, 4.0, 8.0, RETRY_MAX_S]
+
+    def test_envelope_seq(self) -> None:
+        assert envelope_seq(synthetic_payload("t", 42)) == 42
+        late = encode_envelope({"a": "x" * 300, "b": 1, "seq": 7})  # past the first 128 bytes
+        assert envelope_seq(late) == 7
+
+    @pytest.mark.parametrize(
+        "payload", [encode_envelope({"seq": "1"}), encode_envelope({"tap": "t"}), b"\xc1", b""]
+    )
+    def test_not_an_envelope_with_a_seq(self, payload: bytes) -> None:
+        with pytest.raises(ValueError, match="integer 'seq'"):
+            envelope_seq(payload)
+
+
+class TestWindow:
+    """``pump`` hands over at most ``capacity`` unsettled records and never waits."""
+
+    def test_bounded_by_capacity(self, tap: JetStreamPublisher) -> None:
+        offer(tap, 4)
+        assert tap.pump() is False
+        offer(tap, 2)
+        assert tap.pump() is True  # two wait in the queue
+        assert (len(tap.handover), len(tap.queue.items), tap.in_flight) == (4, 2, 4)
+        tap.take_handover(time.monotonic())
+        assert sorted(tap.window) == [0, 1, 2, 3] and list(tap.unsent) == [0, 1, 2, 3]
+        assert [f.transport_sequence for f in tap.window.values()] == [0, 1, 2, 3]
+        assert tap.pump() is True  # the window is still full
+
+    def test_settled_records_make_room(self, tap: JetStreamPublisher) -> None:
+        offer(tap, 4)
+        tap.pump()
+        offer(tap, 1)
+        tap.take_handover(time.monotonic())
+        assert tap.on_reply(0, reply({"stream": "SHADOW", "seq": 1}), time.monotonic())
+        assert (tap.queue.published, tap.in_flight) == (1, 3)
+        assert tap.pump() is False and tap.in_flight == 4
+
+    def test_a_payload_without_seq_is_an_error_not_a_hole(self, tap: JetStreamPublisher) -> None:
+        tap.queue.take_seq()
+        tap.queue.offer(b"\xc1")
+        tap.pump()
+        tap.take_handover(time.monotonic())
+        assert (tap.queue.publish_errors, tap.in_flight, tap.window) == (1, 0, {})
+        assert tap.next_transport_sequence == 1  # its transport sequence was taken
+
+
+class TestAcknowledgements:
+    """An ack settles; a refusal is counted and resent later; a 503 means no stream."""
+
+    def settle_setup(self, tap: JetStreamPublisher) -> None:
+        offer(tap, 2)
+        tap.pump()
+        tap.take_handover(time.monotonic())
+
+    def test_refused_stays_in_the_window(self, tap: JetStreamPublisher) -> None:
+        self.settle_setup(tap)
+        error = {"error": {"code": 503, "description": "insufficient resources"}}
+        assert tap.on_reply(1, reply(error), time.monotonic()) is True
+        assert (tap.queue.publish_errors, 1 in tap.window) == (1, True)
+        assert tap.on_reply(1, reply(b"not json"), time.monotonic()) is True
+        assert tap.queue.publish_errors == 2 and 1 in tap.window
+
+    def test_no_responders_is_a_missing_stream(self, tap: JetStreamPublisher) -> None:
+        self.settle_setup(tap)
+        assert tap.on_reply(0, reply(b"", {"Status": "503"}), time.monotonic()) is False
+        assert 0 in tap.window
+
+    def test_a_late_answer_to_a_settled_record(self, tap: JetStreamPublisher) -> None:
+        self.settle_setup(tap)
+        assert tap.on_reply(0, reply({"seq": 1}), time.monotonic())
+        assert tap.on_reply(0, reply({"seq": 1}), time.monotonic())
+        assert tap.queue.published == 1 and tap.stats.ack_seconds.counts[-1] == 0
+
+
+class TestSending:
+    """Sends on a real connection carry the SPEC 9 headers; overdue records and a
+    new connection send again with the same ``Nats-Msg-Id``."""
+
+    async def test_headers_resend_and_leftovers(self, nats_server) -> None:
+        cfg = config(nats_server.urls)
+        link = JetStreamLink(cfg.nats)
+        tap = link.publisher(TapQueue(cfg.taps[0]))
+        nc = await nats.connect(nats_server.urls)
+        try:
+            seen = await nc.subscribe(tap.subject)
+            offer(tap, 2)
+            tap.pump()
+            now = time.monotonic()
+            tap.take_handover(now)
+            await tap.send(nc, "_INBOX.r.0.", now)
+            first = [await seen.next_msg(timeout=5) for _ in range(2)]
+            assert [m.headers["Shadow-Seq"] for m in first] == ["0", "1"]
+            assert first[1].headers == {
+                "Shadow-Tap": "t",
+                "Shadow-Publisher-Id": str(tap.publisher_id),
+                "Nats-Expected-Stream": "SHADOW",
+                "Nats-Msg-Id": f"{tap.publisher_id}.t.1",
+                "Shadow-Seq": "1",
+                "Shadow-Transport-Seq": "1",
+            }
+            assert first[0].reply == "_INBOX.r.0.0" and tap.leftovers() == (0, 2)
+            tap.expire(now + ACK_TIMEOUT_S - 0.1)
+            assert not tap.unsent  # not overdue yet
+            tap.expire(now + ACK_TIMEOUT_S)
+            await tap.send(nc, "_INBOX.r.0.", now + ACK_TIMEOUT_S)
+            again = [await seen.next_msg(timeout=5) for _ in range(2)]
+            assert [m.headers["Nats-Msg-Id"] for m in again] == [
+                m.headers["Nats-Msg-Id"] for m in first
+            ]
+            assert tap.stats.retries == 2
+            tap.resend_all()  # a new connection: both again, now their third attempt
+            assert list(tap.unsent) == [0, 1]
+            later = now + ACK_TIMEOUT_S
+            await tap.send(nc, "_INBOX.r.0.", later)
+            # The second attempt's timeout (4 s after it) is stale now: it sends nothing.
+            tap.expire(later + ack_timeout(2))
+            assert not tap.unsent
+            tap.expire(later + ack_timeout(3))
+            assert list(tap.unsent) == [0, 1]
+        finally:
+            await nc.close()
+            link.loop.close()
+
+
+class TestHeartbeat:
+    """A heartbeat is queued when the numbers changed (or forced at close)."""
+
+    def test_only_when_changed(self, tap: JetStreamPublisher) -> None:
+        tap.heartbeat()
+        payload = tap.take_heartbeat()
+        assert payload is not None and Heartbeat.decode(payload).next_seq == 0
+        tap.next_heartbeat = 0.0  # the interval has passed
+        tap.heartbeat()
+        assert tap.take_heartbeat() is None  # nothing changed
+        offer(tap, 1)
+        tap.heartbeat()
+        beat = Heartbeat.decode(tap.take_heartbeat() or b"")
+        assert (beat.next_seq, beat.queued, beat.publisher_id) == (1, 1, tap.publisher_id)
+        tap.heartbeat(force=True)
+        assert tap.take_heartbeat() is not None
