@@ -15,8 +15,9 @@ system at least every ``flush_interval_s`` and at close, so a crashed consumer
 loses at most that interval of records (a crashed machine may lose what the
 kernel had not written).
 
-Reading never raises on bad bytes: a damaged entry is reported (``Unreadable``)
-and, where the length prefix cannot be trusted, the rest of the file is.
+Reading streams one entry at a time (memory: the largest entry) and never
+raises on bad bytes: a damaged entry is reported (``Unreadable``) and, where the
+length prefix cannot be trusted, the rest of the file is.
 """
 
 from __future__ import annotations
@@ -93,23 +94,24 @@ def read_entries(path: Path) -> Iterator[Message | Unreadable]:
     """The messages of one file in order, with ``Unreadable`` for damaged bytes."""
     name = str(path)
     with path.open("rb") as f:
-        data = f.read()
-    offset, size = 0, len(data)
-    while offset < size:
-        if offset + LENGTH.size > size:
-            yield Unreadable(name, offset, "truncated", size - offset)
-            return
-        (length,) = LENGTH.unpack_from(data, offset)
-        start = offset + LENGTH.size
-        if length > MAX_ENTRY_BYTES or start + length > size:
-            yield Unreadable(name, offset, "truncated", size - offset)
-            return
-        message = decode_entry(data[start : start + length])
-        if message is None:
-            yield Unreadable(name, offset, "entry", LENGTH.size + length)
-        else:
-            yield message
-        offset = start + length
+        size = os.fstat(f.fileno()).st_size
+        offset = 0
+        while offset < size:
+            prefix = f.read(LENGTH.size)
+            if len(prefix) < LENGTH.size:
+                yield Unreadable(name, offset, "truncated", size - offset)
+                return
+            (length,) = LENGTH.unpack(prefix)
+            if length > MAX_ENTRY_BYTES or offset + LENGTH.size + length > size:
+                yield Unreadable(name, offset, "truncated", size - offset)
+                return
+            body = f.read(length)
+            message = decode_entry(body)
+            if message is None:
+                yield Unreadable(name, offset, "entry", LENGTH.size + length)
+            else:
+                yield message
+            offset += LENGTH.size + length
 
 
 def read_payloads(path: Path) -> list[bytes]:
