@@ -16,7 +16,8 @@ from shadow_proxy.devtools.processes import reserve_endpoint, wait_until
 from tests.support import ROOT
 from tests.support.servers import proxy_config, run_proxy, serve
 
-NAME = re.compile(r"\bshadow_[a-z_]+[a-z]\b")
+# A metric name; not the package (`shadow_proxy/`, `shadow_proxy.cli`).
+NAME = re.compile(r"\bshadow_[a-z_]+[a-z]\b(?![./])")
 SUFFIXES = ("_bucket", "_count", "_sum", "_created")
 
 
