@@ -24,10 +24,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from shadow_proxy.arguments import positive
 from shadow_proxy.consumer.accounting import DEFAULT_GRACE_S, Accounts
 from shadow_proxy.records import sources
 from shadow_proxy.records.files import RecordFile
@@ -43,17 +44,6 @@ def write_summary(path: Path, summary: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        value = kind(text)
-        if value <= 0:
-            msg = f"must be positive (got {text})"
-            raise argparse.ArgumentTypeError(msg)
-        return value
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shadow-consumer",
@@ -62,13 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
         "or the end of the record files).",
     )
     sources.add_arguments(parser)
-    parser.add_argument("--interval", type=_positive(float), default=1.0, metavar="S")
+    parser.add_argument("--interval", type=positive(float), default=1.0, metavar="S")
     parser.add_argument("--summary-path", type=Path, metavar="FILE")
     parser.add_argument("--record", type=Path, metavar="FILE", help="keep raw records here")
-    parser.add_argument("--record-max-bytes", type=_positive(int), default=256 * 2**20)
+    parser.add_argument("--record-max-bytes", type=positive(int), default=256 * 2**20)
     parser.add_argument("--record-keep", type=int, default=5, metavar="N")
-    parser.add_argument("--duration", type=_positive(float), metavar="S")
-    parser.add_argument("--max-records", type=_positive(int), metavar="N")
+    parser.add_argument("--duration", type=positive(float), metavar="S")
+    parser.add_argument("--max-records", type=positive(int), metavar="N")
     parser.add_argument(
         "--grace",
         type=float,

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shadow_proxy.arguments import non_negative, positive
 from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
 from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
@@ -62,31 +63,6 @@ def _speed(text: str) -> float | None:
     return value
 
 
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = 0
-        if not value > 0:
-            msg = f"must be positive (got {text!r})"
-            raise argparse.ArgumentTypeError(msg)
-        return value
-
-    return parse
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        msg = f"must be at least 0 (got {text!r})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shadow-replay",
@@ -96,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     sources.add_arguments(parser)
     parser.add_argument(
         "--reorder-window",
-        type=_positive(int),
+        type=positive(int),
         default=sources.DEFAULT_REORDER_WINDOW,
         metavar="N",
         help="record files: records held to restore arrival order",
@@ -113,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X|max",
         help="divide recorded inter-arrival times by X; max: as fast as --concurrency allows",
     )
-    parser.add_argument("--concurrency", type=_positive(int), default=16, metavar="N")
-    parser.add_argument("--max-lag-s", type=_non_negative, default=5.0, metavar="S")
+    parser.add_argument("--concurrency", type=positive(int), default=16, metavar="N")
+    parser.add_argument("--max-lag-s", type=non_negative(), default=5.0, metavar="S")
     parser.add_argument("--model", metavar="NAME", help="send this model name instead")
     parser.add_argument(
         "--no-compare", action="store_true", help="replay for load only (request-only records too)"
@@ -128,22 +104,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--tolerance",
-        type=_non_negative,
+        type=non_negative(),
         default=DEFAULT_TOLERANCE,
         help="a latency ratio counts only outside [1/(1+T), 1+T] (whole 95%% interval)",
     )
     parser.add_argument(
         "--min-diff-ms",
-        type=_non_negative,
+        type=non_negative(),
         default=DEFAULT_MIN_DIFF_MS,
         help="and only when the p50s differ by at least this many ms",
     )
     parser.add_argument("--request-id-header", default="x-request-id")
     parser.add_argument(
-        "--connect-timeout-s", type=_positive(float), default=DEFAULT_CONNECT_TIMEOUT_S
+        "--connect-timeout-s", type=positive(float), default=DEFAULT_CONNECT_TIMEOUT_S
     )
-    parser.add_argument("--read-timeout-s", type=_positive(float), default=DEFAULT_READ_TIMEOUT_S)
-    parser.add_argument("--max-samples", type=_positive(int), default=DEFAULT_MAX_SAMPLES)
+    parser.add_argument("--read-timeout-s", type=positive(float), default=DEFAULT_READ_TIMEOUT_S)
+    parser.add_argument("--max-samples", type=positive(int), default=DEFAULT_MAX_SAMPLES)
     return parser
 
 

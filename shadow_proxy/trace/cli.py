@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from shadow_proxy.arguments import positive
 from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
 
@@ -210,18 +211,10 @@ def _block_size(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if value < 1:
-        msg = f"must be a positive integer (got {text!r})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
 def _source_arguments(parser: argparse.ArgumentParser) -> None:
     sources.add_arguments(parser)
     parser.add_argument(
-        "--max-records", type=_positive_int, metavar="N", help="stop reading after N records"
+        "--max-records", type=positive(int), metavar="N", help="stop reading after N records"
     )
     parser.add_argument(
         "--duration", type=float, metavar="S", help="stop reading a live source after S seconds"

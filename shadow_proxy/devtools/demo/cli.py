@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+from shadow_proxy.arguments import fraction, non_negative, positive
 from shadow_proxy.devtools.demo.multiturn import add_reuse, format_reuse
 from shadow_proxy.devtools.demo.replay import format_replay, replay_run
 from shadow_proxy.devtools.demo.run import run_once
@@ -59,17 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-stream or --cancel-fraction: the three reference runs.",
         formatter_class=_HelpFormatter,
     )
-    parser.add_argument("--requests", type=_positive_int, default=200, help="requests per run")
+    parser.add_argument("--requests", type=positive(int), default=200, help="requests per run")
     parser.add_argument(
-        "--concurrency", type=_positive_int, default=16, help="requests in flight at once"
+        "--concurrency", type=positive(int), default=16, help="requests in flight at once"
     )
     parser.add_argument(
         "--isl",
-        type=_positive_int,
+        type=positive(int),
         default=512,
         help="prompt tokens (about: of the model's tokenizer, counted before the run)",
     )
-    parser.add_argument("--osl", type=_positive_int, default=32, help="output tokens")
+    parser.add_argument("--osl", type=positive(int), default=32, help="output tokens")
     parser.add_argument(
         "--stream",
         action=argparse.BooleanOptionalAction,
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cancel-fraction",
-        type=_fraction,
+        type=fraction,
         default=None,
         metavar="F",
         help="fraction of requests the client cancels (a single run; default 0)",
@@ -100,31 +101,31 @@ def build_parser() -> argparse.ArgumentParser:
         "when --stream, --no-stream, --cancel-fraction or --api is given)",
     )
     parser.add_argument(
-        "--conversations", type=_positive_int, default=20, help="multi-turn: conversations"
+        "--conversations", type=positive(int), default=20, help="multi-turn: conversations"
     )
-    parser.add_argument("--turns", type=_positive_int, default=8, help="multi-turn: turns each")
+    parser.add_argument("--turns", type=positive(int), default=8, help="multi-turn: turns each")
     parser.add_argument(
         "--candidate-extra-ttft-ms",
-        type=_non_negative,
+        type=non_negative(),
         default=50.0,
         help="replay: the candidate's time to first token above the primary's",
     )
     parser.add_argument(
         "--candidate-extra-itl-ms",
-        type=_non_negative,
+        type=non_negative(),
         default=5.0,
         help="replay: the candidate's time per output token above the primary's",
     )
     parser.add_argument(
         "--candidate-diverge-fraction",
-        type=_fraction,
+        type=fraction,
         default=0.2,
         metavar="F",
         help="replay: fraction of requests (by request id) whose output the candidate changes",
     )
     parser.add_argument(
         "--candidate-diverge-at",
-        type=_non_negative_int,
+        type=non_negative(int),
         default=4,
         metavar="N",
         help="replay: the output token position where the candidate's output changes",
@@ -163,38 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
     return parser
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        msg = f"must be at least 1 (got {text})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        msg = f"must be at least 0 (got {text})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        msg = f"must be at least 0 (got {text})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        msg = f"must be between 0 and 1 (got {text})"
-        raise argparse.ArgumentTypeError(msg)
-    return value
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ and a miss is a ``ModelLoadError`` with a plain message, never a hang.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -25,6 +24,7 @@ from shadow_proxy.worker.request.templates import (
     ChatTemplate,
     TemplateLoadError,
     load_chat_template,
+    read_json,
 )
 from shadow_proxy.worker.request.templates.jinja2_env import template_environment
 
@@ -114,9 +114,9 @@ def load_model(
     except Exception as exc:
         msg = f"cannot read tokenizer.json of '{tokenizer}' for model '{name}': {exc}"
         raise ModelLoadError(msg) from exc
-    config = _read_json(path / "config.json")
-    generation = _read_json(path / "generation_config.json")
     try:
+        config = read_json(path / "config.json")
+        generation = read_json(path / "generation_config.json")
         chat_template = load_chat_template(path, tok, name, template_engine)
     except TemplateLoadError as exc:
         raise ModelLoadError(str(exc)) from exc
@@ -158,17 +158,6 @@ def _resolve_dir(name: str, tokenizer: str, *, allow_hub: bool) -> Path:
         return Path(snapshot_download(tokenizer, allow_patterns=_HUB_PATTERNS, etag_timeout=10))
     except Exception as exc:
         raise ModelLoadError(unreachable) from exc
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        msg = f"cannot read {path}: {exc}"
-        raise ModelLoadError(msg) from exc
-    return value if isinstance(value, dict) else {}
 
 
 def _eos_ids(tokenizer_eos: Any, generation_eos: Any) -> tuple[int, ...]:

@@ -80,7 +80,7 @@ class TestArguments:
             ("--speed", "0", "must be a positive number or 'max' (got '0')"),
             ("--speed", "fast", "must be a positive number or 'max' (got 'fast')"),
             ("--concurrency", "0", "must be positive (got '0')"),
-            ("--reorder-window", "x", "must be positive (got 'x')"),
+            ("--reorder-window", "x", "must be an integer (got 'x')"),
             ("--max-lag-s", "-1", "must be at least 0 (got '-1')"),
         ],
     )

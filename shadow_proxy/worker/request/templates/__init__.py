@@ -66,7 +66,9 @@ def _load_jinja2(tokenizer: Any, name: str) -> ChatTemplate | None:
         raise TemplateLoadError(msg) from exc
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict[str, Any]:
+    """A model directory's JSON file as a dict ({} when absent or not an object);
+    ``TemplateLoadError`` when it cannot be read."""
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -88,8 +90,8 @@ def _load_minijinja(path: Path, name: str) -> ChatTemplate | None:
 
     from shadow_proxy.worker.request.templates.dynamo import DynamoTemplate
 
-    config = _read_json(path / "tokenizer_config.json")
-    model_type = _read_json(path / "config.json").get("model_type")
+    config = read_json(path / "tokenizer_config.json")
+    model_type = read_json(path / "config.json").get("model_type")
     if model_type in NATIVE_FORMATTER_TYPES:
         log.warning(
             "model %r (model_type %s) is formatted by Dynamo's native code, not its "
@@ -101,7 +103,7 @@ def _load_minijinja(path: Path, name: str) -> ChatTemplate | None:
     jinja_file = path / "chat_template.jinja"
     if jinja_file.is_file():
         source = jinja_file.read_text(encoding="utf-8")
-    elif "chat_template" in (json_file := _read_json(path / "chat_template.json")):
+    elif "chat_template" in (json_file := read_json(path / "chat_template.json")):
         source = json_file["chat_template"]
     if source is None:
         log.warning("model %r has no chat template; its chat requests are not mirrored", name)
