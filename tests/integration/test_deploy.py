@@ -249,6 +249,15 @@ def config(config_text: str) -> dict[str, Any]:
     return yaml.safe_load(config_text)
 
 
+def mebibytes(quantity: str) -> float:
+    """A Kubernetes memory quantity in MiB (the suffixes the manifests use)."""
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "M": 1e6 / 2**20, "G": 1e9 / 2**20}
+    for suffix, scale in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[: -len(suffix)]) * scale
+    return float(quantity) / 2**20
+
+
 def serving_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return find(objects, "Deployment", "llm-frontend")["spec"]["template"]
 
@@ -481,6 +490,20 @@ class TestSidecar:
         assert period >= proxy_sleep + grace + SHUTDOWN_MARGIN_S
         assert frontend_sleep >= proxy_sleep + grace, "the frontend must outlive the drain"
         assert period > frontend_sleep
+
+    def test_memory_limit_covers_the_worker(self, objects: list[dict[str, Any]], config) -> None:
+        """Every shard may reach worker.max_rss_mb before it is replaced; the limit
+        holds them all (one per core of the CPU limit) plus the serving process and
+        the worker's main (512 MiB), so the kernel never kills what the recycling
+        bound would have replaced."""
+        resources = container(serving_pod(objects), PROXY_CONTAINER)["resources"]
+        cores = int(float(resources["limits"]["cpu"]))
+        worker = config.get("worker", {})
+        shards = worker.get("processes") or cores
+        assert shards <= cores
+        needed = shards * worker.get("max_rss_mb", 1024) + 512
+        assert mebibytes(resources["limits"]["memory"]) >= needed
+        assert mebibytes(resources["requests"]["memory"]) >= 512, "two shards and a main at start"
 
     def test_sidecar_is_locked_down(self, objects: list[dict[str, Any]]) -> None:
         proxy = container(serving_pod(objects), PROXY_CONTAINER)
