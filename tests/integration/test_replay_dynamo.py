@@ -148,10 +148,16 @@ def _dynamo_id(upstream_id: str) -> str:
     return upstream_id.split("-", 1)[1]
 
 
+#: Two identical deployments on this shared 2-core machine differ by more than the
+#: default 5% band when the other tests load it (a CI run saw candidate/baseline
+#: TTFT above 1.05); the slow deployment is 4x slower, far beyond 25%.
+TOLERANCE = 0.25
+
+
 async def _replay(source: Path, out: Path, candidate: str, baseline: str) -> dict[str, Any]:
     options = ReplayOptions(
         candidate=candidate, out_dir=out, baseline=baseline, speed=1.0, concurrency=8,
-        max_lag_s=30.0, tokenizer=MODEL,
+        max_lag_s=30.0, tokenizer=MODEL, tolerance=TOLERANCE,
     )  # fmt: skip
     records, unreadable = file_records(source)
     return await Replay(options, "shadow-replay (dynamo test)").run(records, unreadable)
