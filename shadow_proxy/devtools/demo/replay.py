@@ -50,6 +50,15 @@ def request_ids(path: Path) -> list[str]:
     return ids
 
 
+def near(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it (the
+    command the demo prints reads ``.models/deepseek``, not a machine's layout)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 async def replay_run(
     plan: ReplayPlan,
     source: dict[str, Any],
@@ -81,7 +90,7 @@ async def replay_run(
             "--out", str(report_dir),
             "--speed", "max",
             "--concurrency", str(plan.concurrency),
-            "--tokenizer", str(tokenizer),
+            "--tokenizer", near(tokenizer),
         ]  # fmt: skip
         mark = time.monotonic()
         tool = await run_tool(

@@ -162,3 +162,17 @@ def test_request_ids_in_file_order(tmp_path: Path) -> None:
         [envelope(i, [1, 2], request_id=f"id-{i}") for i in (2, 0, 1)] + [b"\x93garbage"],
     )
     assert replay.request_ids(path) == ["id-2", "id-0", "id-1"]
+
+
+class TestNear:
+    """The printed command names the tokenizer relative to where the demo runs."""
+
+    def test_below_the_working_directory(self, tmp_path: Path, monkeypatch) -> None:
+        (tmp_path / ".models" / "deepseek").mkdir(parents=True)
+        monkeypatch.chdir(tmp_path)
+        assert replay.near(tmp_path / ".models" / "deepseek") == ".models/deepseek"
+
+    def test_elsewhere(self, tmp_path: Path, monkeypatch) -> None:
+        (tmp_path / "here").mkdir()
+        monkeypatch.chdir(tmp_path / "here")
+        assert replay.near(tmp_path / "models") == str(tmp_path / "models")
