@@ -32,10 +32,11 @@ Regimes:
   the proxy and its tap worker pinned to core 1, Dynamo, load and consumers to
   core 0; no taps vs two taps (consumers reading, stopped), quiet and with a
   CPU-bound neighbour process on the proxy's core;
-- ``scaling``, ``multiturn``, ``overload``: the tap worker's own regimes
-  (``bench/worker_bench.py``): throughput on 1 vs 2 cores, CPU per request on
-  growing conversations against a full re-encode and the frontend's own, record
-  lag and client latency when the worker cannot follow.
+- ``scaling``, ``multiturn``, ``overload``, ``hostile``: the tap worker's own
+  regimes (``bench/worker_bench.py``): throughput on 1 vs 2 cores, CPU per
+  request on growing conversations against a full re-encode and the frontend's
+  own, record lag and client latency when the worker cannot follow, and the
+  worker's memory and other clients' latency beside hostile bodies.
 
 The tap worker's CPU and RSS are its main's and its shards' together.
 
@@ -64,6 +65,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -452,7 +454,10 @@ class RssSampler:
 
 async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: LoadSpec,
                    warmup: LoadSpec, isolate: bool, worker: dict[str, Any] | None = None,
-                   settle_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
+                   settle_s: float = 0.0, side: Side | None = None) -> dict[str, Any]:  # fmt: skip
+    """One run of ``case``; ``side(url, stop)``, if given, runs beside the measured
+    load until ``stop`` is set (the hostile regime's traffic) and what it returns
+    is the run's ``side``."""
     setup = await Setup.start(case, frontend, scratch, isolate, worker)
     try:
         url_spec = {"url": setup.url}
@@ -462,7 +467,13 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: Loa
         own_before = time.process_time()
         lag_before = lag_buckets(setup.lag_url)
         with RssSampler(setup.pids) as sampler:
-            report = await run_load(_with(spec, **url_spec))
+            stop = asyncio.Event()
+            beside = asyncio.create_task(side(setup.url, stop)) if side else None
+            try:
+                report = await run_load(_with(spec, **url_spec))
+            finally:
+                stop.set()
+            side_result = await beside if beside else None
         cpu_after = {role: _cpu(role, pid) for role, pid in setup.pids.items()}
         own = time.process_time() - own_before
         lag = histogram_quantile(lag_before, lag_buckets(setup.lag_url), 0.99)
@@ -484,7 +495,12 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: Loa
         "loop_lag_p99_ms": None if lag is None else lag * 1000,
         "consumers": consumers,
         "metrics": metrics_text,
+        "side": side_result,
     }
+
+
+#: Traffic beside a case's measured load: ``side(url, stop)`` until ``stop`` is set.
+Side = Callable[[str, asyncio.Event], Awaitable[Any]]
 
 
 def _cpu(role: str, pid: int) -> float:
@@ -912,6 +928,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="multiturn: worker.processes (default: one per core)")  # fmt: skip
     parser.add_argument("--max-lag-s", type=float, default=5.0,
                         help="overload: worker.max_lag_s")  # fmt: skip
+    parser.add_argument("--hostile", nargs="*", default=[], metavar="KIND",
+                        help="hostile: send only these (62, 7, 256: the tools body, the "
+                             "long prompt, the gzip bomb); default all")  # fmt: skip
     parser.add_argument("--profile", action="store_true",
                         help="py-spy the serving process and worker (capacity, isolation)")  # fmt: skip  # noqa: E501
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -919,7 +938,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The tap worker's regimes, run by ``bench/worker_bench.py``.
-WORKER_REGIMES = ("scaling", "multiturn", "overload")
+WORKER_REGIMES = ("scaling", "multiturn", "overload", "hostile")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,16 +15,26 @@
   one core, cannot follow: record lag p99 stays under ``worker.max_lag_s``
   (requests past it are dropped as ``late`` and counted), and the clients'
   latency does not move (two taps against none).
+- ``hostile`` (issue 18): a paced load beside a stream of hostile requests, one
+  a second: a 62 MB chat request of 600 tools x 1,000 properties and a 7 MiB
+  prompt (both answered 400 by the frontend before it parses them, so that only
+  the proxy pays for them), and a 3.7 MB gzip response that decodes to 256 MiB.
+  The worker's peak RSS (main and shards, sampled every 0.2 s) stays within
+  ``processes x worker.max_rss_mb`` + 512 MiB; the other clients' latency with
+  two taps against none (both beside the hostile traffic) and their records'
+  lag stay within the isolation bounds and twice a request's CPU budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
 import re
 import signal
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -33,7 +43,7 @@ from typing import Any
 import aiohttp
 
 from bench import proxy_bench as pb
-from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt, run_load
+from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt, many_tools, run_load
 
 HISTOGRAM = re.compile(r'^(\w+)_bucket\{(.*?)le="([^"]+)"(.*?)\} (\S+)$', re.M)
 
@@ -309,13 +319,199 @@ async def overload(kind: str, args, scratch: Path) -> dict[str, Any]:
             "cases": cases, "lag": lag, "targets": targets}  # fmt: skip
 
 
+# --------------------------------------------------------------------------- hostile
+
+#: The worker's memory bound the regime holds it to (README, Bounds): each shard is
+#: replaced past ``max_rss_mb``; the main holds its hand-off share besides.
+MAX_RSS_MB = 1024
+MAIN_ALLOWANCE_MB = 512
+
+
+#: One hostile request a second (about 1% of the measured load): the regime shows
+#: what one hostile request costs the others, not the overload regime again.
+HOSTILE_INTERVAL_S = 1.0
+
+
+def hostile_requests() -> list[tuple[str, bytes, dict[str, str]]]:
+    """(kind, body, headers) of each hostile request, in the order they are sent."""
+    rng = random.Random(18)
+    long_prompt = json.dumps({
+        "model": pb.MODEL_NAME, "stream": True,
+        "messages": [{"role": "user", "content": make_prompt(rng, 1_200_000)[: 7 << 20]}],
+    }).encode()  # fmt: skip
+    bomb = json.dumps({
+        "model": pb.MODEL_NAME, "stream": True, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "a bomb, please"}],
+    }).encode()  # fmt: skip
+    rejected = {"x-mock-fault": "status=400"}
+    return [
+        ("62 MB of tools", many_tools(pb.MODEL_NAME, 600, 1000), rejected),
+        ("7 MiB prompt", long_prompt, rejected),
+        ("256 MiB gzip bomb", bomb, {"x-mock-fault": "gzip-bomb=256", "Accept-Encoding": "gzip"}),
+    ]
+
+
+def hostile_traffic(kinds: list[str]) -> pb.Side:
+    """Run ``python -m bench.worker_bench URL`` (the hostile sender, a process of its
+    own so that the load generator's loop measures undisturbed) until told to stop;
+    then wait until the worker has published or dropped everything (its taps'
+    seqs still for 3 s) and return what each hostile kind got back."""
+
+    async def side(url: str, stop: asyncio.Event) -> dict[str, Any]:
+        sender = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.worker_bench", url, *kinds, stdout=asyncio.subprocess.PIPE,
+            cwd=pb.REPO,
+        )  # fmt: skip
+        await stop.wait()
+        sender.send_signal(signal.SIGTERM)
+        out, _ = await sender.communicate()
+        await _settled(url)
+        return json.loads(out or b"{}")
+
+    return side
+
+
+async def _settled(url: str, quiet_s: float = 12.0, timeout_s: float = 300.0) -> None:
+    """Until no tap's next seq moved for ``quiet_s`` (more than one request's CPU
+    budget, ``worker.max_request_cpu_s``: no job is still running)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = {t["name"]: t["next_seq"] for t in listing(url)}
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        await asyncio.sleep(0.25)
+
+
+async def _warm_bomb(url: str) -> None:
+    """The built-in frontend compresses a bomb once per size: not in a measured run."""
+    kind, body, headers = hostile_requests()[-1]
+    headers = {"Content-Type": "application/json", **headers}
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
+            await r.read()
+
+
+async def send_hostile(url: str, kinds: list[str]) -> dict[str, dict[str, str | int]]:
+    """The hostile requests in turn, one at a time, until SIGTERM; counts per answer.
+    ``kinds``: the first word of each kind to send (all when empty)."""
+    requests = [r for r in hostile_requests() if not kinds or r[0].split()[0] in kinds]
+    sent: dict[str, dict[str, Any]] = {kind: {} for kind, _, _ in requests}
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(auto_decompress=False, timeout=timeout) as session:
+        i = 0
+        start = time.monotonic()
+        while not stop.is_set():
+            wait = start + i * HOSTILE_INTERVAL_S - time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+            if stop.is_set():
+                break
+            kind, body, headers = requests[i % len(requests)]
+            i += 1
+            headers = {"Content-Type": "application/json", **headers}
+            try:
+                async with session.post(url + "/v1/chat/completions", data=body,
+                                        headers=headers) as r:  # fmt: skip
+                    await r.read()
+                    status = str(r.status)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                status = type(exc).__name__
+            sent[kind][status] = sent[kind].get(status, 0) + 1
+    return sent
+
+
+async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
+    requests = args.requests or 2000
+    concurrency = args.concurrency or 32
+    processes = args.processes or os.cpu_count() or 1
+    pace = (args.ttft_ms, args.itl_ms)
+    frontend = await pb.Frontend.start(kind, scratch, pace=pace, speedup=args.speedup, cpus=None)
+    await _warm_bomb(frontend.url)
+    worker = {"processes": processes, "max_rss_mb": MAX_RSS_MB}
+    base = LoadSpec(url="", model=pb.MODEL_NAME, requests=requests, concurrency=concurrency,
+                    prompt_tokens=args.isl or 512, output_tokens=args.osl or 16)  # fmt: skip
+    side = hostile_traffic(args.hostile)
+    cases = {"proxy+hostile": side, "taps": None, "taps+hostile": side}
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
+    try:
+        for rnd in range(args.rounds):
+            for case in list(cases) if rnd % 2 == 0 else list(reversed(cases)):
+                spec = pb._with(base, seed=rnd)
+                warmup = pb._with(base, seed=rnd + 500, requests=args.warmup,
+                                  concurrency=min(concurrency, args.warmup))  # fmt: skip
+                run = await pb.run_case(case, frontend, scratch, args, spec, warmup, False,
+                                        worker, side=cases[case])  # fmt: skip
+                runs[case].append(run)
+                print(f"[hostile] round {rnd + 1} {case}: {run['report'].summary()} "
+                      f"hostile: {run['side']}", flush=True)  # fmt: skip
+    finally:
+        frontend.stop()
+    summary = {c: pb.aggregate(r) for c, r in runs.items()}
+    sent: dict[str, dict[str, int]] = {}
+    for run in runs["taps+hostile"]:
+        for what, statuses in (run["side"] or {}).items():
+            for status, n in statuses.items():
+                sent.setdefault(what, {})[status] = sent.setdefault(what, {}).get(status, 0) + n
+    text = "".join(run["metrics"] for run in runs["taps+hostile"])
+    counted = {
+        "not mirrored, prompt over budget": counter(text, "shadow_not_mirrored_total",
+                                                    reason="prompt_over_budget"),
+        "responses cut at max_decoded_bytes": counter(text, "shadow_worker_budget_exceeded_total",
+                                                      budget="decoded"),
+        "responses cut at max_request_cpu_s": counter(text, "shadow_worker_budget_exceeded_total",
+                                                      budget="cpu"),
+        "shards recycled (max_rss_mb)": counter(text, "shadow_worker_shard_restarts_total",
+                                                reason="recycled"),
+        "shards died": counter(text, "shadow_worker_shard_restarts_total", reason="died"),
+        "records dropped late": counter(text, "shadow_tap_dropped_total", reason="late"),
+    }  # fmt: skip
+    lag: dict[str, Any] = {}
+    for tap in pb.TAP_NAMES:
+        merged: dict[float, float] = {}
+        for run in runs["taps+hostile"]:
+            for le, value in buckets(run["metrics"], "shadow_tap_record_lag_seconds",
+                                     tap=tap).items():  # fmt: skip
+                merged[le] = merged.get(le, 0.0) + value
+        late = counter(text, "shadow_tap_dropped_total", tap=tap, reason="late")
+        lag[tap] = {"lag_p99_s": pb.histogram_quantile({}, merged, 0.99),
+                    "published": merged.get(float("inf"), 0.0), "late": late}  # fmt: skip
+    bound = processes * MAX_RSS_MB + MAIN_ALLOWANCE_MB
+    p, h = summary["proxy+hostile"], summary["taps+hostile"]
+    targets = [
+        (f"worker peak RSS MiB <= {processes} x max_rss_mb + {MAIN_ALLOWANCE_MB}",
+         h["rss_mb_peak"].get("worker"), bound, False),
+        ("beside hostile traffic, taps / no taps: TTFT p50 <= 1.05",
+         h["ttft_p50_ms"] / p["ttft_p50_ms"], 1.05, False),
+        ("beside hostile traffic, taps / no taps: TTFT p99 <= 1.10",
+         h["ttft_p99_ms"] / p["ttft_p99_ms"], 1.10, False),
+        ("beside hostile traffic, taps / no taps: req/s >= 0.95",
+         h["requests_per_s"] / p["requests_per_s"], 0.95, True),
+    ]  # fmt: skip
+    # A record queued behind a hostile request on the same shard waits at most
+    # that request's CPU budget (worker.max_request_cpu_s, 5 s) and its own turn.
+    targets += [(f"{tap}: record lag p99 s <= 2 x max_request_cpu_s",
+                 v["lag_p99_s"], 10.0, False) for tap, v in lag.items()]  # fmt: skip
+    cases_out = {c: {**v, "worker_peak_rss_mb": v["rss_mb_peak"].get("worker"),
+                     "proxy_peak_rss_mb": v["rss_mb_peak"].get("proxy")}
+                 for c, v in summary.items()}  # fmt: skip
+    return {"regime": "hostile", "frontend": frontend.label, "requests": requests,
+            "concurrency": concurrency, "processes": processes, "rounds": args.rounds,
+            "cases": cases_out, "lag": lag, "hostile_sent": sent, "counted": counted,
+            "targets": targets}  # fmt: skip
+
+
 # --------------------------------------------------------------------------- entry, output
 
 
 async def run(regime: str, kind: str, args, scratch: Path) -> dict[str, Any]:
-    return await {"scaling": scaling, "multiturn": multiturn, "overload": overload}[regime](
-        kind, args, scratch
-    )
+    regimes = {"scaling": scaling, "multiturn": multiturn, "overload": overload,
+               "hostile": hostile}  # fmt: skip
+    return await regimes[regime](kind, args, scratch)
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
@@ -340,6 +536,17 @@ def markdown(result: dict[str, Any], command: str) -> str:
                 out.append(f"| {tap} | {_cell(v['lag_p99_s'])} | {_cell(v['published'])} | "
                            f"{_cell(v['late'])} |")  # fmt: skip
             out.append("")
+        if part.get("hostile_sent"):
+            out.append("| hostile request | answers (status: count) |")
+            out.append("|---|---|")
+            for what, statuses in part["hostile_sent"].items():
+                answers = ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
+                out.append(f"| {what} | {answers} |")
+            out.append("")
+            out.append("| counted by the proxy (taps+hostile) | |")
+            out.append("|---|---:|")
+            out += [f"| {what} | {_cell(n)} |" for what, n in part["counted"].items()]
+            out.append("")
         out.append("| target | measured | met |")
         out.append("|---|---:|---|")
         for label, value, bound, at_least in part["targets"]:
@@ -362,3 +569,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3g}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(send_hostile(sys.argv[1], sys.argv[2:]))))

@@ -183,6 +183,36 @@ def make_body(spec: LoadSpec, index: int) -> bytes:
     return json.dumps(body).encode()
 
 
+def many_tools(model: str, tools: int, properties: int) -> bytes:
+    """A hostile chat request (issue 18's probe): ``tools`` tools of ``properties``
+    described properties each; 600 x 1,000 make 62 MB."""
+    description = "a plain description of what this property holds, and its format"
+    parameters = {
+        "type": "object",
+        "properties": {
+            f"p{i}": {"type": "string", "description": description} for i in range(properties)
+        },
+    }
+    return json.dumps(
+        {
+            "model": model,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": f"tool_{t}",
+                        "description": "a tool",
+                        "parameters": parameters,
+                    },
+                }
+                for t in range(tools)
+            ],
+        }
+    ).encode()
+
+
 def responses_body(spec: LoadSpec, prompt: str) -> bytes:
     """A Responses API request: the prompt as ``input``, the output cap as
     ``max_output_tokens`` (no ``ignore_eos``: not a Responses field)."""

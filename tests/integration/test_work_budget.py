@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import io
 import itertools
-import json
 import time
 from pathlib import Path
 
@@ -15,6 +14,8 @@ import aiohttp
 import pytest
 import zmq
 
+from shadow_proxy.devtools.frontend.generation import gzip_bomb
+from shadow_proxy.devtools.loadgen import many_tools
 from shadow_proxy.devtools.processes import wait_until as wait_for
 from shadow_proxy.serving.supervisor import TAPS
 from tests.integration.workers import (
@@ -24,7 +25,6 @@ from tests.integration.workers import (
     Consumer,
     chat,
     close_consumers,
-    gzip_bomb,
     plain_frontend,
     sample,
     shard_pids,
@@ -53,41 +53,12 @@ def config_for(frontend, model_dirs, *taps, **worker):
     )
 
 
-def many_tools(tools: int, properties: int) -> bytes:
-    """A chat request like the issue's probe: hundreds of tools of a thousand properties."""
-    description = "a plain description of what this property holds, and its format"
-    return json.dumps(
-        {
-            "model": "deepseek",
-            "stream": True,
-            "messages": [{"role": "user", "content": "hi"}],
-            "tools": [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": f"tool_{t}",
-                        "description": "a tool",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {
-                                f"p{i}": {"type": "string", "description": description}
-                                for i in range(properties)
-                            },
-                        },
-                    },
-                }
-                for t in range(tools)
-            ],
-        }
-    ).encode()
-
-
 class TestHugeRequest:
     """A 60 MB request of 600 tools x 1,000 properties: not rendered, not encoded
     (prompt_over_budget); the shard's peak memory stays within a few hundred MB."""
 
     async def test_memory_bounded(self, model_dirs, context):
-        body = many_tools(600, 1000)
+        body = many_tools("deepseek", 600, 1000)
         assert len(body) > 62_000_000
         async with serve(plain_frontend()) as frontend:
             config = config_for(frontend, model_dirs, tap("kv"))
@@ -121,7 +92,7 @@ class TestGzipBomb:
     heartbeats keep their pace."""
 
     async def test_bounded_and_others_unaffected(self, model_dirs, context):
-        bomb = gzip_bomb(256 * 1024 * 1024)
+        bomb = gzip_bomb(256)  # MiB
         async with serve(plain_frontend(bomb)) as frontend:
             config = config_for(
                 frontend, model_dirs, tap("replay", "request_response"),

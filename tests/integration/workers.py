@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -142,16 +141,6 @@ SSE = (
 )
 HANG_HEADER = "x-test-hang"
 BOMB_HEADER = "x-test-gzip-bomb"
-
-
-def gzip_bomb(decoded_bytes: int) -> bytes:
-    """A gzip SSE body that decodes to about ``decoded_bytes`` of well-formed events."""
-    event = b'data: {"id":"b","choices":[{"index":0,"delta":{"content":"aaaaaaaa"}}]}\n\n'
-    block = event * (65536 // len(event))
-    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    parts = [compressor.compress(block) for _ in range(decoded_bytes // len(block) + 1)]
-    parts.append(compressor.flush())
-    return b"".join(parts)
 
 
 def plain_frontend(bomb: bytes = b"") -> web.Application:

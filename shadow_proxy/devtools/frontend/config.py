@@ -102,6 +102,9 @@ class Faults:
     unfinished_choice: int | None = None
     #: Emit this many tokens, then finish with ``stop`` (an early EOS).
     stop_after: int | None = None
+    #: Stream a gzip-encoded body that decodes to this many MiB of well-formed
+    #: events (a decompression bomb, for the work budget and its benchmark).
+    gzip_bomb_mib: int | None = None
 
     def stop_step(self, tokens: int) -> int | None:
         """The step at which a fault ends a generation of ``tokens`` steps (None:
@@ -112,7 +115,7 @@ class Faults:
     @classmethod
     def parse(cls, text: str | None) -> Faults:
         """Parse ``status=503``, ``error-event-after=K``, ``drop-after=K``, ``hang``,
-        ``unfinished-choice=I``, ``stop-after=K``, comma-separated. Unknown
+        ``unfinished-choice=I``, ``stop-after=K``, ``gzip-bomb=MIB``, comma-separated. Unknown
         directives are errors, so a typo in a test cannot pass silently."""
         if not text:
             return NO_FAULTS
@@ -129,8 +132,15 @@ class Faults:
                     msg = f"mock fault 'status' must be an error status 400-599 (got {value!r})"
                     raise MockRequestError(msg)
                 fields["status"] = status
-            elif name in ("error-event-after", "drop-after", "unfinished-choice", "stop-after"):
-                fields[name.replace("-", "_")] = _count(name, value)
+            elif name in (
+                "error-event-after",
+                "drop-after",
+                "unfinished-choice",
+                "stop-after",
+                "gzip-bomb",
+            ):
+                field = "gzip_bomb_mib" if name == "gzip-bomb" else name.replace("-", "_")
+                fields[field] = _count(name, value)
             else:
                 msg = f"unknown mock fault {part.strip()!r}"
                 raise MockRequestError(msg)

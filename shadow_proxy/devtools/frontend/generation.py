@@ -12,9 +12,11 @@ prompt and the tokens generated, and ``n`` choices interleave chunk by chunk.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +35,18 @@ ERROR_EVENT = (
     b'data: {"error": {"message": "worker died", "type": "internal_error", "code": 500}}\n\n'
 )
 DONE_EVENT = b"data: [DONE]\n\n"
+
+
+@functools.cache
+def gzip_bomb(mib: int) -> bytes:
+    """A gzip body of chat chunks that decodes to ``mib`` MiB (about 1,000 times
+    its size), made once per size."""
+    event = b'data: {"id":"bomb","choices":[{"index":0,"delta":{"content":"aaaaaaaa"}}]}\n\n'
+    block = event * ((64 << 10) // len(event))
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [compressor.compress(block) for _ in range((mib << 20) // len(block) + 1)]
+    parts.append(compressor.compress(DONE_EVENT) + compressor.flush())
+    return b"".join(parts)
 
 
 @attrs.frozen

@@ -20,13 +20,19 @@ from concurrent.futures import ThreadPoolExecutor
 import attrs
 from aiohttp import web
 
-from shadow_proxy.devtools.frontend.config import FAULT_HEADER, MockConfig, MockRequestError
+from shadow_proxy.devtools.frontend.config import (
+    FAULT_HEADER,
+    Faults,
+    MockConfig,
+    MockRequestError,
+)
 from shadow_proxy.devtools.frontend.generation import (
     DONE_EVENT,
     ERROR_EVENT,
     ChunkEncoder,
     Generation,
     error_body,
+    gzip_bomb,
     plan,
     read_request,
     unary_body,
@@ -154,15 +160,19 @@ class Handlers:
         stats.requests_started += 1
         stats.in_flight += 1
         try:
+            raw = await request.read()
             try:
-                gen = await self._plan(request, await request.read(), chat)
+                # A status in the header is answered before the body is parsed (as a
+                # frontend's size limit answers): a huge body costs the mock nothing.
+                faults = Faults.parse(request.headers.get(FAULT_HEADER))
+                gen = None if faults.status is not None else await self._plan(request, raw, chat)
             except MockRequestError as exc:
                 stats.requests_rejected += 1
                 kind = "invalid_request_error"
                 return self._error(request, exc.status, str(exc), kind, exc.code or exc.status)
-            if gen.faults.status is not None:
+            if gen is None or gen.faults.status is not None:
                 stats.requests_failed += 1
-                status = gen.faults.status
+                status = faults.status if gen is None else gen.faults.status
                 message = f"mock fault: status {status}"
                 return self._error(request, status, message, "server_error", status)
             if gen.stream:
@@ -195,6 +205,8 @@ class Handlers:
         return resp
 
     async def _stream(self, request: web.Request, gen: Generation) -> web.StreamResponse:
+        if gen.faults.gzip_bomb_mib is not None:
+            return await self._bomb(request, gen.faults.gzip_bomb_mib)
         resp = await self._event_stream(request)
         if gen.faults.hang:
             await self._hang(request)
@@ -231,6 +243,22 @@ class Handlers:
             stats.requests_cancelled += 1
             return resp
         stats.requests_completed += 1
+        return resp
+
+    async def _bomb(self, request: web.Request, mib: int) -> web.StreamResponse:
+        """``gzip-bomb=MIB``: the bomb in 64 KiB writes, labelled ``Content-Encoding: gzip``."""
+        body = gzip_bomb(mib)
+        headers = {"Content-Type": "text/event-stream", "Content-Encoding": "gzip"}
+        resp = web.StreamResponse(headers={**headers, **self._headers(request)})
+        await resp.prepare(request)
+        try:
+            for start in range(0, len(body), 64 << 10):
+                await resp.write(body[start : start + (64 << 10)])
+            await resp.write_eof()
+        except ConnectionResetError:
+            self.stats.requests_cancelled += 1
+            return resp
+        self.stats.requests_completed += 1
         return resp
 
     async def _unary(self, request: web.Request, gen: Generation) -> web.StreamResponse:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shadow_proxy.devtools.frontend import MockConfig, serve_mock_frontend
-from shadow_proxy.devtools.loadgen import LoadSpec, make_body, percentile, run_load
+from shadow_proxy.devtools.loadgen import LoadSpec, make_body, many_tools, percentile, run_load
 
 
 class TestPercentile:
@@ -46,6 +46,13 @@ class TestBodies:
         assert make_body(spec, 1) == make_body(spec, 1) != make_body(spec, 2)
         other_seed = LoadSpec(url="", model="m", seed=1)
         assert make_body(other_seed, 1) != make_body(spec, 1)
+
+    def test_many_tools(self) -> None:
+        body = many_tools("m", 3, 5)
+        tools = json.loads(body)["tools"]
+        assert [t["function"]["name"] for t in tools] == ["tool_0", "tool_1", "tool_2"]
+        assert all(len(t["function"]["parameters"]["properties"]) == 5 for t in tools)
+        assert 60_000_000 < len(many_tools("m", 600, 1000)) < 64 << 20  # the probe, under 64 MiB
 
     def test_cancellation_is_spread_and_deterministic(self) -> None:
         spec = LoadSpec(url="", model="m", cancel_fraction=0.25)

@@ -20,6 +20,9 @@ class TestFaultParsing:
     def test_combined(self) -> None:
         assert Faults.parse("hang, stop-after=2") == Faults(hang=True, stop_after=2)
 
+    def test_gzip_bomb(self) -> None:
+        assert Faults.parse("gzip-bomb=256") == Faults(gzip_bomb_mib=256)
+
     def test_empty(self) -> None:
         assert Faults.parse(None) == Faults()
         assert Faults.parse("") == Faults()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -26,6 +27,18 @@ class TestFaults:
         assert caught.value.status_code == 503
         assert isinstance(caught.value.body, dict)
         assert caught.value.body["code"] == 503
+        assert stats_of(server)["failed"] == 1
+
+    async def test_status_header_before_the_body(
+        self, server: Server, http: aiohttp.ClientSession
+    ) -> None:
+        """A status in the header answers before the body is parsed: even a body
+        that is not JSON gets the fault's status, not a 400."""
+        headers = {"x-mock-fault": "status=413", "Content-Type": "application/json"}
+        async with http.post(
+            server[0] + "/v1/chat/completions", data=b"{not json", headers=headers
+        ) as resp:
+            assert resp.status == 413
         assert stats_of(server)["failed"] == 1
 
     async def test_fault_in_body_field(self, client: openai.AsyncOpenAI) -> None:
@@ -92,6 +105,20 @@ class TestFaults:
             async for chunk in stream:
                 seen.append(chunk)
         assert len(seen) == 2
+
+    async def test_gzip_bomb(self, server: Server, http: aiohttp.ClientSession) -> None:
+        body = {"model": "deepseek", "messages": HELLO, "stream": True}
+        headers = {"x-mock-fault": "gzip-bomb=2", "Accept-Encoding": "gzip"}
+        async with http.post(
+            server[0] + "/v1/chat/completions", json=body, headers=headers, auto_decompress=False
+        ) as resp:
+            assert resp.headers["Content-Encoding"] == "gzip"
+            raw = await resp.read()
+        decoded = zlib.decompress(raw, 16 + zlib.MAX_WBITS)
+        assert len(raw) * 100 < 2 << 20 <= len(decoded)  # a bomb: 2 MiB from a few KiB
+        assert decoded.endswith(b"data: [DONE]\n\n")
+        assert decoded.count(b"data: ") == decoded.count(b"\n\n")  # whole events
+        assert stats_of(server)["completed"] == 1
 
     async def test_hang(self, server: Server, http: aiohttp.ClientSession) -> None:
         body = {"model": "deepseek", "messages": HELLO, "stream": True}
