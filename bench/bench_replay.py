@@ -22,7 +22,9 @@ tokens/s, CPU ms per request, and the replayer's own share of a core
 (CPU s / wall s). A replayer at 100% of a core while the frontend is not is the
 bottleneck. For the side-by-side with AIPerf the script prints the equivalent
 ``aiperf profile`` command (streaming, same concurrency, same request count)
-against the same frontend; it does not run AIPerf.
+against the same frontend and, when AIPerf is installed (``make aiperf``), runs
+it after each replay round (its rate from its own export, its CPU from rusage)
+and reports the replayer's rate over AIPerf's.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from shadow_proxy.records.wire import Message, encode_envelope
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / ".models" / "deepseek"
+AIPERF = Path(os.environ.get("AIPERF_BIN") or ROOT / ".aiperf" / "venv" / "bin" / "aiperf")
 
 
 def _pinned(argv: list[str], cpus: str | None) -> list[str]:
@@ -117,14 +120,59 @@ def one_round(records: Path, url: str, out: Path, args: argparse.Namespace) -> d
     }
 
 
+def aiperf_argv(url: str, args: argparse.Namespace, tokenizer: str, artifacts: Path) -> list[str]:
+    """AIPerf driving the same frontend the same way: completions, streaming, the
+    same concurrency, request count, prompt and output lengths."""
+    return [
+        "profile", "--model", "deepseek", "--tokenizer", tokenizer, "--url", url,
+        "--endpoint-type", "completions", "--streaming",
+        "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
+        "--synthetic-input-tokens-mean", str(args.prompt_tokens),
+        "--synthetic-input-tokens-stddev", "0",
+        "--output-tokens-mean", str(args.max_tokens), "--output-tokens-stddev", "0",
+        "--extra-inputs", "ignore_eos:true", "--artifact-dir", str(artifacts), "--ui-type", "none",
+    ]  # fmt: skip
+
+
 def aiperf_command(url: str, args: argparse.Namespace) -> str:
-    return (
-        f"aiperf profile --model deepseek --url {url} --endpoint-type completions --streaming "
-        f"--concurrency {args.concurrency} --request-count {args.requests} "
-        f"--synthetic-input-tokens-mean {args.prompt_tokens} "
-        f"--output-tokens-mean {args.max_tokens} --extra-inputs ignore_eos:true "
-        f"--tokenizer {MODEL}"
-    )
+    return " ".join(["aiperf", *aiperf_argv(url, args, str(MODEL), Path("artifacts"))])
+
+
+def aiperf_round(url: str, out: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """One AIPerf run (from ``.aiperf/venv``, ``make aiperf``): its request rate from
+    its own export, its wall time and its CPU (every process it started, from
+    rusage). None when AIPerf is not installed."""
+    if not AIPERF.exists():
+        return None
+    # AIPerf's workers load the tokenizer offline by hub name: the model directory
+    # as a Hugging Face cache entry (as tests/integration/test_trace_aiperf.py does).
+    revision = "0" * 40
+    entry = out / "hf" / "hub" / "models--shadow-proxy--deepseek"
+    shutil.copytree(MODEL, entry / "snapshots" / revision)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(revision)
+    env = {**os.environ, "HF_HOME": str(out / "hf"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "HOME": str(out)}  # fmt: skip
+    env.pop("VIRTUAL_ENV", None)
+    argv = [str(AIPERF), *aiperf_argv(url, args, "shadow-proxy/deepseek", out / "artifacts")]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    subprocess.run(_pinned(argv, args.replay_cpus), check=True, cwd=out, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    export = json.loads(next((out / "artifacts").rglob("profile_export_aiperf.json")).read_text())
+    done = int(export["completed_request_count"]["avg"])
+    return {
+        "completed": done,
+        "errors": len(export.get("error_summary") or []),
+        "requests_per_s": round(export["request_throughput"]["avg"], 1),
+        "output_tokens_per_s": round(export["output_token_throughput"]["avg"], 1),
+        "process_wall_s": round(wall, 2),
+        "process_cpu_s": round(cpu, 3),
+        "cpu_ms_per_request": round(cpu * 1000 / max(done, 1), 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-ms", type=float, default=0.0)
     parser.add_argument("--itl-ms", type=float, default=0.0)
     parser.add_argument("--no-compare", action="store_true")
+    parser.add_argument("--no-aiperf", action="store_true",
+                        help="do not run AIPerf beside each round (.aiperf/venv)")  # fmt: skip
     parser.add_argument("--frontend-cpus", help="taskset list for the frontend, e.g. 0")
     parser.add_argument("--replay-cpus", help="taskset list for shadow-replay, e.g. 1")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -155,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(wait_http_ok(url + "/health", 60, children=[frontend]))
         records = scratch / "records.rec"
         write_records(records, args)
-        rounds = [one_round(records, url, scratch / f"out-{k}", args) for k in range(args.rounds)]
+        rounds, aiperf = [], []
+        for k in range(args.rounds):  # alternating, so that drift hits both alike
+            rounds.append(one_round(records, url, scratch / f"out-{k}", args))
+            if not args.no_aiperf:
+                (scratch / f"aiperf-{k}").mkdir()
+                aiperf.append(aiperf_round(url, scratch / f"aiperf-{k}", args))
         frontend.terminate(10)
     keys = ("requests_per_s", "output_tokens_per_s", "cpu_ms_per_request", "core_share")
     result = {
@@ -165,6 +220,16 @@ def main(argv: list[str] | None = None) -> int:
         "median": {k: statistics.median(r[k] for r in rounds) for k in keys},
         "aiperf_equivalent": aiperf_command(url, args),
     }
+    ran = [a for a in aiperf if a]
+    if ran:
+        akeys = ("requests_per_s", "output_tokens_per_s", "cpu_ms_per_request")
+        result["aiperf_rounds"] = ran
+        result["aiperf_median"] = {k: statistics.median(a[k] for a in ran) for k in akeys}
+        result["replay_rate_over_aiperf"] = round(
+            result["median"]["requests_per_s"] / result["aiperf_median"]["requests_per_s"], 3
+        )
+    elif not args.no_aiperf:
+        result["aiperf"] = f"not installed at {AIPERF} (make aiperf)"
     print(json.dumps(result, indent=2, default=str))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
