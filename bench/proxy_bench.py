@@ -12,7 +12,8 @@ Cases:
    pass-through with ``proxy_buffering off`` and upstream keep-alive): a C
    reference for what any reverse proxy costs;
 3. ``proxy``: shadow-proxy without taps;
-4. ``taps``: shadow-proxy with the two reference taps and a consumer reading each;
+4. ``taps``: shadow-proxy with the two reference taps and a consumer reading each
+   (at nice 19: consumers run elsewhere in a deployment);
 5. ``taps-stalled``: the same with both consumers stopped by SIGSTOP.
 
 Regimes:
@@ -343,9 +344,11 @@ class Setup:
             for i, (name, endpoint, topic) in enumerate(endpoints):
                 summary = scratch / f"consumer-{i}.json"
                 summary.unlink(missing_ok=True)
-                argv = cli_argv("consumer", "--endpoint", endpoint, "--topic", topic,
-                                "--summary-path", str(summary), "--interval", "60",
-                                log_level=None)  # fmt: skip
+                # At nice 19: in a deployment the consumers run elsewhere; here they
+                # share the frontend's core and must not take its CPU.
+                argv = ["nice", "-n", "19", *cli_argv(
+                    "consumer", "--endpoint", endpoint, "--topic", topic, "--summary-path",
+                    str(summary), "--interval", "60", log_level=None)]  # fmt: skip
                 consumer = service(f"consumer-{i}", argv, scratch, cpus=other_cpus)
                 self.consumers.append((name, consumer, summary))
             if self.consumers:
