@@ -12,24 +12,13 @@ HF encoder calls ``encode(text, false)``; the same holds for completions, so a
 string prompt gets no BOS either). NUL characters are stripped before encoding,
 as Dynamo does.
 
-Measured on this machine (2 cores shared with other jobs, so noisy), median of 9
-runs, a system turn plus one long user turn; ids identical in every case.
-"render+encode" renders with the compiled template and encodes with the
-``tokenizers`` backend; "one call" is ``apply_chat_template(tokenize=True)``::
-
-    model     prompt tokens   render+encode   one call
-    deepseek    136            0.17 ms         0.24 ms
-    deepseek   2056            6.8 ms          7.2 ms
-    deepseek  16392           22.8 ms         23.1 ms
-    chatml      173            0.22 ms         0.26 ms
-    chatml     2093            2.4 ms          2.6 ms
-    chatml    16433           19.4 ms         19.4 ms
-
-Encoding dominates long prompts; the one call adds a fixed ~0.05-0.4 ms of
-message normalization and BatchEncoding work (and logs a warning past the
-tokenizer's model_max_length). So the template is rendered by our own sandbox,
-compiled once per model with transformers' settings and helpers, and the text is
-encoded by the backend.
+The template is rendered by the model's own renderer (``templates/``: MiniJinja
+as Dynamo renders, or jinja2 where ``template_engine`` says the frontend does)
+and the text is encoded by the ``tokenizers`` backend, not through
+``apply_chat_template(tokenize=True)`` (which adds message normalization and
+BatchEncoding work, and warns past ``model_max_length``). What it costs per
+prompt length: ``bench/bench_preprocess.py`` (figures in the README, "What it
+costs").
 """
 
 from __future__ import annotations
