@@ -166,6 +166,11 @@ def ack_buckets(url: str) -> dict[float, float]:
     return out
 
 
+#: How long the worker may take to publish its backlog after the load (it runs at
+#: idle priority: anything else on the machine delays it).
+SETTLE_S = 180.0
+
+
 async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsCluster,
                    spec: LoadSpec, warmup: LoadSpec) -> dict[str, Any]:  # fmt: skip
     setup = await Setup.start(case, frontend, scratch, nats)
@@ -180,7 +185,7 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsClust
         own = time.process_time() - own_before
         await wait_until(
             lambda: settled(setup.url + "/metrics"),
-            30,
+            SETTLE_S,
             0.2,
             what="the worker's snapshot: every tap's queue empty, every record acknowledged",
         )
