@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import nats as nats_client
+
 from bench.proxy_bench import (
     MODEL_DIR,
     MODEL_NAME,
@@ -100,6 +102,7 @@ class Setup:
         self.pids: dict[str, int] = dict(frontend.pids)
         self.pids["nats-server"] = nats.servers[0].process.pid
         self.url = ""
+        self.stream = ""
         self.proxy: Child | None = None
         self.consumers: list[tuple[str, Child, Path]] = []
 
@@ -109,6 +112,7 @@ class Setup:
         self = cls(case, frontend, nats)
         port = reserve_port()
         config = case_config(frontend.url, port, case, nats.urls[0])
+        self.stream = config.get("nats", {}).get("stream", "")
         conf = write_config(scratch / f"proxy-{case}.yaml", config)
         self.proxy = service(f"proxy-{case}", cli_argv("serve", "--config", str(conf),
                              log_level=None), scratch)  # fmt: skip
@@ -166,6 +170,14 @@ def ack_buckets(url: str) -> dict[float, float]:
     return out
 
 
+async def delete_stream(url: str, stream: str) -> None:
+    nc = await nats_client.connect(url)
+    try:
+        await nc.jetstream(timeout=10).delete_stream(stream)
+    finally:
+        await nc.close()
+
+
 #: How long the worker may take to publish its backlog after the load (it runs at
 #: idle priority: anything else on the machine delays it).
 SETTLE_S = 180.0
@@ -194,6 +206,8 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsClust
         consumers = setup.finish()
     finally:
         setup.stop()
+        if case == "taps-nats":  # the next run's stream takes the same subjects
+            await delete_stream(nats.urls[0], setup.stream)
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
     cpu["loadgen"] = own
     ack = {

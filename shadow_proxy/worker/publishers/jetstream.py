@@ -285,9 +285,9 @@ class JetStreamLink:
             self.problem = None
         else:
             self.stats.stream_problems[check.reason] += 1
-            self.problem = check.problem if check.reason == "subjects" else None
+            self.problem = check.problem if check.fatal else None
             self.note("%s", check.problem)
-        if check.ok or check.reason == "subjects":
+        if check.ok or check.fatal:
             self.checked.set()
         if not check.ok:
             await asyncio.sleep(RECHECK_S)

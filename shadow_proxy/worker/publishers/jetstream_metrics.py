@@ -28,7 +28,7 @@ ACK_BUCKETS = (
 )  # fmt: skip
 
 #: Why a stream check did not let the taps publish (``shadow_nats_stream_problems``).
-STREAM_PROBLEMS = ("subjects", "unavailable", "no_stream")
+STREAM_PROBLEMS = ("subjects", "refused", "unavailable", "no_stream")
 
 
 @attrs.define

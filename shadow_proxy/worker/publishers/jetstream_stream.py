@@ -72,7 +72,9 @@ def stream_config(config: NatsConfig, subjects: Sequence[str]) -> api.StreamConf
 @attrs.frozen
 class StreamCheck:
     """What ``ensure_stream`` found. ``problem`` is None when the taps can publish;
-    ``reason`` is a fixed word for the metric (``subjects``, ``unavailable``)."""
+    ``reason`` is a fixed word for the metric (``subjects``, ``refused``,
+    ``unavailable``). A ``fatal`` problem is the configuration's, not the
+    server's: found at start-up, it stops the proxy with ``problem``."""
 
     created: bool = False
     problem: str | None = None
@@ -81,6 +83,10 @@ class StreamCheck:
     @property
     def ok(self) -> bool:
         return self.problem is None
+
+    @property
+    def fatal(self) -> bool:
+        return self.reason in ("subjects", "refused")
 
 
 async def ensure_stream(
@@ -101,9 +107,12 @@ async def ensure_stream(
                     info.config.subjects,
                     config.replicas,
                 )
-            except nats.js.errors.BadRequestError:
-                # Another proxy of the fleet created it meanwhile: check that one.
-                info = await js.stream_info(config.stream)
+            except nats.js.errors.BadRequestError as refused:
+                # Another proxy of the fleet may have created it meanwhile: check that one.
+                try:
+                    info = await js.stream_info(config.stream)
+                except nats.js.errors.NotFoundError:
+                    return _refused(config, subjects, refused)
     except (nats.errors.Error, TimeoutError, OSError) as e:
         problem = f"JetStream did not answer about stream {config.stream!r} ({type(e).__name__})"
         return StreamCheck(problem=problem, reason="unavailable")
@@ -119,6 +128,20 @@ async def ensure_stream(
     if not created:
         _note_differences(info.config, config)
     return StreamCheck(created=created)
+
+
+def _refused(
+    config: NatsConfig, subjects: Sequence[str], error: nats.js.errors.APIError
+) -> StreamCheck:
+    """JetStream would not create the stream (and no one else did): most often
+    another stream already takes its subjects."""
+    wanted = stream_config(config, subjects).subjects
+    problem = (
+        f"JetStream refused to create stream {config.stream!r} with subjects {wanted}: "
+        f"{error.description or 'bad request'} (a stream that already takes these subjects "
+        "can be named in 'nats.stream', or the taps given other subjects)"
+    )
+    return StreamCheck(problem=problem, reason="refused")
 
 
 def _note_differences(found: api.StreamConfig, config: NatsConfig) -> None:

@@ -1,6 +1,6 @@
 """The stream the ``nats`` taps publish to: NATS subject matching (pure), the
 stream the proxy creates, and ``ensure_stream`` against a real nats-server
-(created, found covering, found not covering, no answer)."""
+(created, found covering, found not covering, refused, no answer)."""
 
 from __future__ import annotations
 
@@ -98,6 +98,23 @@ class TestEnsure:
             "['shadow.kv.heartbeat']: add them to the stream (nats stream edit) or change "
             "the taps' 'subject' or 'nats.stream'"
         )
+
+    async def test_refused_when_another_stream_takes_the_subjects(self, nats_server) -> None:
+        """JetStream will not create a second stream on ``shadow.>``: the check says
+        so, with the server's reason, and the problem is fatal (start-up stops)."""
+        config = NatsConfig(servers=tuple(nats_server.urls), stream="MINE")
+        nc = await nats.connect(nats_server.urls)
+        try:
+            js = nc.jetstream(timeout=5)
+            await js.add_stream(name="OTHER", subjects=["shadow.>"])
+            check = await ensure_stream(js, config, SUBJECTS)
+        finally:
+            await nc.close()
+        assert (check.ok, check.reason, check.fatal) == (False, "refused", True)
+        assert check.problem.startswith(
+            "JetStream refused to create stream 'MINE' with subjects ['shadow.>']: "
+        )
+        assert "overlap" in check.problem  # the server's own words
 
     async def test_no_jetstream_answer(self, tmp_path) -> None:
         """A NATS server without JetStream: the check says it is unavailable."""
