@@ -142,10 +142,14 @@ class _Run:
 
 
 async def _run(args: argparse.Namespace, stop: threading.Event, out: TextIO, err: TextIO) -> int:
+    def note(line: str) -> None:
+        print(f"shadow-consumer: {line}", file=err, flush=True)
+
     try:
-        source = sources.open_source(args, dedup=False, heartbeats=True)
+        # A consumer may start before any proxy has created its stream: it waits.
+        source = sources.open_source(args, dedup=False, heartbeats=True, wait_for_stream=note)
     except sources.SourceError as e:
-        print(f"shadow-consumer: {e}", file=err)
+        note(str(e))
         return 2
     run = _Run(args, source, err)
     print(f"reading {source.describe()}", file=err)
@@ -163,13 +167,19 @@ async def _run(args: argparse.Namespace, stop: threading.Event, out: TextIO, err
             await asyncio.wait({consuming}, timeout=min(IDLE_TICK_S, next_report - now))
     finally:
         consuming.cancel()
+        refused = None
         try:
             await consuming
         except asyncio.CancelledError:
             pass
+        except sources.SourceError as e:  # found when opened: a durable of another tap
+            refused = e
         await source.aclose()
         if run.recorder is not None:
             run.recorder.close()
+    if refused is not None:
+        note(str(refused))
+        return 2
     summary = run.summary(time.monotonic())
     if args.summary_path:
         write_summary(args.summary_path, summary)

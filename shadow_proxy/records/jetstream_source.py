@@ -25,6 +25,13 @@ transport fields: ``publisher_id`` from ``Shadow-Publisher-Id``, ``sequence``
 from ``Shadow-Transport-Seq`` (dense per publisher: a gap is a record lost
 after the publisher took it over), ``published_at`` the stream's timestamp.
 
+A missing stream is a ``SourceError`` unless the source was opened with
+``wait_for_stream``: then it is looked for again every ``STREAM_POLL_S`` (a
+consumer started before any proxy has created the stream, as pods start in
+any order, waits for it instead of exiting), with one line on ``log`` when the
+wait starts. A reader with a log that gets nothing at all on its subject for
+``HINT_AFTER_S`` names the subjects the stream does hold, once.
+
 The subject of a tap is the proxy's: ``shadow.{topic}``, the topic defaulting
 to ``shadow-requests-{tap}`` (pass ``topic`` or ``subject`` when the tap names
 its own).
@@ -32,7 +39,9 @@ its own).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import nats
@@ -52,6 +61,12 @@ DEFAULT_BATCH = 256
 #: At most this many records delivered and not acknowledged, per durable.
 MAX_ACK_PENDING = 4096
 FETCH_WAIT_S = 1.0
+#: How often a source opened with ``wait_for_stream`` looks for its stream again.
+STREAM_POLL_S = 1.0
+#: After this long with nothing on the subject (a live tap sends a heartbeat
+#: every second), a reader with a log says which subjects the stream holds.
+HINT_AFTER_S = 5.0
+HINT_SUBJECTS = 5
 
 
 def default_subject(tap: str, topic: str | None = None) -> str:
@@ -76,6 +91,8 @@ class JetStreamSource(RecordSource):
         subject: str | None = None,
         ack_wait_s: float = DEFAULT_ACK_WAIT_S,
         batch: int = DEFAULT_BATCH,
+        wait_for_stream: bool = False,
+        log: Callable[[str], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -89,6 +106,8 @@ class JetStreamSource(RecordSource):
         self.endpoints = self.servers
         self.ack_wait_s = ack_wait_s
         self.batch = batch
+        self.wait_for_stream = wait_for_stream
+        self.log = log
         self._nc: Any = None
         self._sub: Any = None
 
@@ -122,15 +141,23 @@ class JetStreamSource(RecordSource):
             max_ack_pending=MAX_ACK_PENDING,
         )
         js = self._nc.jetstream()
-        try:
-            self._sub = await js.pull_subscribe(
-                None, durable=self.durable, stream=self.stream, config=config
-            )
-            info = await self._sub.consumer_info()
-        except nats.js.errors.NotFoundError as e:
-            await self.aclose()
-            msg = f"no JetStream stream {self.stream!r} at {', '.join(self.servers)}"
-            raise SourceError(msg) from e
+        missing = f"no JetStream stream {self.stream!r} at {', '.join(self.servers)}"
+        waiting = False
+        while True:
+            try:
+                self._sub = await js.pull_subscribe(
+                    None, durable=self.durable, stream=self.stream, config=config
+                )
+                info = await self._sub.consumer_info()
+                break
+            except nats.js.errors.NotFoundError as e:
+                if not self.wait_for_stream:
+                    await self.aclose()
+                    raise SourceError(missing) from e
+            if not waiting and self.log is not None:
+                self.log(f"{missing} yet: waiting for a proxy to create it")
+            waiting = True
+            await asyncio.sleep(STREAM_POLL_S)
         found = info.config.filter_subjects or [info.config.filter_subject]
         if sorted(filter(None, found)) != sorted(self.filter_subjects):
             await self.aclose()
@@ -147,17 +174,41 @@ class JetStreamSource(RecordSource):
     async def deliveries(self) -> AsyncIterator[Delivery]:
         if self._sub is None:
             await self.open()
+        quiet_since = time.monotonic()
+        hinted = False
         while True:
             try:
                 messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
             except (nats.errors.TimeoutError, TimeoutError):
+                if not hinted and time.monotonic() - quiet_since > HINT_AFTER_S:
+                    hinted = True
+                    await self._hint_other_subjects()
                 continue
+            hinted = True  # something arrives on the subject: it is the right one
             for message in messages:
                 delivery = self._delivery(message)
                 if delivery is None or delivery.heartbeat is not None:
                     await message.ack()
                 if delivery is not None:
                     yield delivery
+
+    async def _hint_other_subjects(self) -> None:
+        """Nothing, not even a heartbeat, came on the subject: when the stream
+        holds other subjects, say so once (a tap with its own ``topic`` read
+        without ``--topic`` is the usual cause). Best effort."""
+        if self.log is None:
+            return
+        try:
+            info = await self._nc.jetstream().stream_info(self.stream, subjects_filter=">")
+        except (nats.errors.Error, TimeoutError):
+            return
+        held = sorted(info.state.subjects or {})
+        if held and self.subject not in held:
+            shown = ", ".join(held[:HINT_SUBJECTS]) + (", ..." if len(held) > HINT_SUBJECTS else "")
+            self.log(
+                f"nothing on {self.subject} in {HINT_AFTER_S:.0f} s; stream {self.stream!r} "
+                f"holds {shown}: for a tap with its own topic pass --topic TOPIC"
+            )
 
     def _delivery(self, message: Msg) -> Delivery | None:
         """The delivery a message makes; None (counted) when it is none."""

@@ -358,9 +358,16 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
 
 
 def open_source(
-    args: argparse.Namespace, *, dedup: bool = True, heartbeats: bool = False
+    args: argparse.Namespace,
+    *,
+    dedup: bool = True,
+    heartbeats: bool = False,
+    wait_for_stream: Callable[[str], None] | None = None,
 ) -> RecordSource:
-    """The source the parsed arguments name; ``SourceError`` when they name none or several."""
+    """The source the parsed arguments name; ``SourceError`` when they name none or several.
+
+    With ``wait_for_stream`` (a log function) a JetStream stream that does not
+    exist yet is waited for, not an error (a live reader started before the proxies)."""
     paths = list(getattr(args, "sources", None) or [])
     # --topic names the tap's topic for a stream too (its subject is shadow.TOPIC).
     live = bool(args.endpoint or args.discover or (args.topic and not args.nats))
@@ -390,6 +397,8 @@ def open_source(
             topic=args.topic,
             subject=args.subject,
             ack_wait_s=args.ack_wait,
+            wait_for_stream=wait_for_stream is not None,
+            log=wait_for_stream,
             dedup=dedup,
             heartbeats=heartbeats,
         )

@@ -184,7 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     import uvloop
 
-    summary = uvloop.run(_main(replay, source, args.reorder_window))
+    try:
+        summary = uvloop.run(_main(replay, source, args.reorder_window))
+    except sources.SourceError as exc:  # found when the source opens: no such stream
+        print(f"shadow-replay: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     print(headline(summary), file=sys.stderr)
     print(f"report: {args.out / 'report.md'}", file=sys.stderr)
     return 0 if summary["run"]["complete"] else EXIT_INTERRUPTED

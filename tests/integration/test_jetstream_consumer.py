@@ -146,3 +146,49 @@ class TestSharedDurable:
         assert a and b, "both readers got records"
         assert sorted(a + b) == list(range(total)), "each record exactly once"
         assert sum(t["records"] for t in totals) == total
+
+
+class TestStartedFirst:
+    """A consumer started before any proxy has created the stream (pods start in
+    any order) waits for it, says so once, and then counts every record."""
+
+    async def test_waits_for_the_stream(self, nats_server, tmp_path):
+        total = 500
+        reader = start_consumer(nats_server.urls, "early", tmp_path, "early")
+        try:
+            await asyncio.sleep(2.0)  # well past the first look for the stream
+            assert reader.poll() is None, reader.communicate()[1].decode()[-2000:]
+            publisher = DirectPublisher(nats_server.urls, capacity=4096)  # creates the stream
+            try:
+                assert publisher.startup_problem() is None
+                publisher.offer(total)
+                await wait_until(lambda: publisher.queue.published == total, timeout=30)
+            finally:
+                publisher.close()
+            await wait_until(lambda: len(recorded(tmp_path, "early")) >= total, timeout=30)
+        finally:
+            if reader.poll() is None:
+                reader.send_signal(signal.SIGTERM)
+            out, err = reader.communicate(timeout=20)
+        assert reader.returncode == 0, err.decode()[-2000:]
+        assert json.loads(out)["records"] == total
+        assert err.decode().count("no JetStream stream 'SHADOW'") == 1
+
+
+class TestMissingStream:
+    """The offline tools read what a stream holds: one that does not exist is a
+    one-line error and exit 2, never a traceback (the consumer waits instead)."""
+
+    @pytest.mark.parametrize(
+        "tool",
+        [["shadow-replay", "--candidate", "http://127.0.0.1:9"], ["shadow-trace", "analyze"]],
+    )
+    def test_usage_error(self, nats_server, tmp_path, tool):
+        extra = ["--out", str(tmp_path / "out")] if tool[0] == "shadow-replay" else []
+        source = ["--nats", nats_server.urls[0], "--stream", "NOPE", "--tap", TAP, "--durable", "d"]
+        argv = [str(Path(sys.prefix) / "bin" / tool[0]), *tool[1:], *extra, *source]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert done.stderr.strip() == (
+            f"{tool[0]}: no JetStream stream 'NOPE' at {nats_server.urls[0]}"
+        ), done.stderr[-2000:]

@@ -14,7 +14,7 @@ import nats.js
 import pytest
 from nats.js import api
 
-from shadow_proxy.records.jetstream_source import JetStreamSource, default_subject
+from shadow_proxy.records.jetstream_source import HINT_AFTER_S, JetStreamSource, default_subject
 from shadow_proxy.records.sources import Delivery, SourceError
 from shadow_proxy.records.wire import Heartbeat, encode_envelope, heartbeat_topic
 from tests.support.jetstream import synthetic_payload
@@ -134,6 +134,40 @@ class TestRefused:
         source = JetStreamSource(nats_server.urls, "NOPE", TAP, "d")
         with pytest.raises(SourceError, match="no JetStream stream 'NOPE' at nats://"):
             await source.open()
+
+    async def test_no_stream_yet_is_waited_for(self, nats_server):
+        lines: list[str] = []
+        source = JetStreamSource(nats_server.urls, "LATER", TAP, "d", wait_for_stream=True,
+                                 log=lines.append)  # fmt: skip
+        opening = asyncio.create_task(source.open())
+        try:
+            await asyncio.sleep(1.5)
+            assert not opening.done() and len(lines) == 1, lines
+            nc = await nats.connect(nats_server.urls)
+            try:
+                await nc.jetstream().add_stream(name="LATER", subjects=["shadow.>"])
+            finally:
+                await nc.close()
+            await asyncio.wait_for(opening, 5)
+        finally:
+            opening.cancel()
+            await source.aclose()
+        assert lines == [f"no JetStream stream 'LATER' at {nats_server.urls[0]} yet: "
+                         "waiting for a proxy to create it"]  # fmt: skip
+
+    async def test_nothing_on_the_subject_names_what_the_stream_holds(self, nats_server):
+        async with shadow_stream(nats_server.urls) as js:
+            await js.publish("shadow.custom-topic", synthetic_payload(TAP, 0),
+                             headers={"Shadow-Tap": TAP, "Shadow-Publisher-Id": "1"})  # fmt: skip
+        lines: list[str] = []
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "hint", log=lines.append)
+        async with reading(source) as deliveries:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(anext(deliveries), HINT_AFTER_S + 2.5)
+        assert lines == [
+            f"nothing on {SUBJECT} in 5 s; stream 'SHADOW' holds "
+            "shadow.custom-topic: for a tap with its own topic pass --topic TOPIC"
+        ]
 
     async def test_durable_of_another_tap(self, nats_server):
         async with shadow_stream(nats_server.urls) as js:
