@@ -383,6 +383,9 @@ def stop_consumers(
     totals ``keys`` and the drops its last heartbeat reported."""
     out: dict[str, Any] = {}
     for name, consumer, path in consumers:
+        if not consumer.alive:  # it ended before the run did: its totals are not the run's
+            out[name] = {"error": f"consumer exited early ({consumer.terminate()})"}
+            continue
         consumer.terminate()
         try:
             summary = json.loads(path.read_text())
