@@ -154,9 +154,10 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 # --------------------------------------------------------------------------- multiturn
 
 
-def conversations(n: int, seed: int) -> list[list[dict[str, Any]]]:
+def conversations(n: int, seed: int, tag: str = "") -> list[list[dict[str, Any]]]:
     """Each conversation as its requests: 10-30 turns, growing to 8k-32k tokens
-    (words of the load generator: about a token each)."""
+    (words of the load generator: about a token each). ``tag`` opens every
+    system message: the same conversations under another tag share no prefix."""
     rng = random.Random(seed)
     out = []
     for c in range(n):
@@ -164,7 +165,7 @@ def conversations(n: int, seed: int) -> list[list[dict[str, Any]]]:
         final = rng.randint(8_000, 30_000)
         per_turn = (final - 1_000) // turns
         messages: list[dict[str, Any]] = [
-            {"role": "system", "content": f"Agent {c}. " + make_prompt(rng, 1_000)}
+            {"role": "system", "content": f"{tag}Agent {c}. " + make_prompt(rng, 1_000)}
         ]
         requests = []
         for _ in range(turns):
@@ -204,9 +205,10 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         for rnd in range(args.rounds):
             order = list(cases) if rnd % 2 == 0 else list(reversed(cases))
             for case in order:
-                # Conversations of their own per case: no cache of the frontend's
-                # (or a prefix cache) carries over from the other case.
-                talks = conversations(n, seed=100 * rnd + list(cases).index(case))
+                # The same conversations for both cases of a round (the CPU per
+                # request depends on their lengths), tagged per case so that no
+                # prefix cache of the frontend's carries over from the other case.
+                talks = conversations(n, seed=100 * rnd, tag=f"[{case}] ")
                 worker = {"max_lag_s": None, **cases[case]}
                 if args.processes:
                     worker["processes"] = args.processes
