@@ -62,6 +62,18 @@ def summary(process: subprocess.Popen) -> dict:
     return json.loads(out)
 
 
+async def publish_all(urls: list[str], total: int) -> None:
+    """``total`` records through the real publisher (which creates the stream),
+    all acknowledged."""
+    publisher = DirectPublisher(urls, capacity=4096)
+    try:
+        assert publisher.startup_problem() is None
+        publisher.offer(total)
+        await wait_until(lambda: publisher.queue.published == total, timeout=30)
+    finally:
+        publisher.close()
+
+
 def publish_in_background(
     publisher: DirectPublisher, total: int, per_step: int
 ) -> threading.Thread:
@@ -127,13 +139,7 @@ class TestSharedDurable:
 
     async def test_split(self, nats_server, tmp_path):
         total = 2000
-        publisher = DirectPublisher(nats_server.urls, capacity=4096)
-        try:
-            assert publisher.startup_problem() is None
-            publisher.offer(total)
-            await wait_until(lambda: publisher.queue.published == total, timeout=30)
-        finally:
-            publisher.close()
+        await publish_all(nats_server.urls, total)
         readers = [start_consumer(nats_server.urls, "shared", tmp_path, n) for n in "ab"]
         try:
             await wait_until(
@@ -158,13 +164,7 @@ class TestStartedFirst:
         try:
             await asyncio.sleep(2.0)  # well past the first look for the stream
             assert reader.poll() is None, reader.communicate()[1].decode()[-2000:]
-            publisher = DirectPublisher(nats_server.urls, capacity=4096)  # creates the stream
-            try:
-                assert publisher.startup_problem() is None
-                publisher.offer(total)
-                await wait_until(lambda: publisher.queue.published == total, timeout=30)
-            finally:
-                publisher.close()
+            await publish_all(nats_server.urls, total)  # creates the stream
             await wait_until(lambda: len(recorded(tmp_path, "early")) >= total, timeout=30)
         finally:
             if reader.poll() is None:
