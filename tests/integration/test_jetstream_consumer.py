@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,9 @@ TAP = "direct"
 SUBJECT = "shadow.shadow-requests-direct"
 
 
-def start_consumer(urls: list[str], durable: str, directory: Path, name: str) -> subprocess.Popen:
+def start_consumer(
+    urls: list[str], durable: str, directory: Path, name: str, stderr: Any = subprocess.PIPE
+) -> subprocess.Popen:
     argv = [
         sys.executable, "-m", "shadow_proxy.cli", "--log-level", "warning", "consumer",
         "--nats", urls[0], "--tap", TAP, "--durable", durable, "--ack-wait", "2",
@@ -41,7 +44,7 @@ def start_consumer(urls: list[str], durable: str, directory: Path, name: str) ->
         argv,
         cwd=ROOT,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
 
@@ -160,19 +163,23 @@ class TestStartedFirst:
 
     async def test_waits_for_the_stream(self, nats_server, tmp_path):
         total = 500
-        reader = start_consumer(nats_server.urls, "early", tmp_path, "early")
+        log = tmp_path / "early.stderr"
+        with log.open("wb") as stderr:
+            reader = start_consumer(nats_server.urls, "early", tmp_path, "early", stderr)
+        waiting = "no JetStream stream 'SHADOW'"
         try:
-            await asyncio.sleep(2.0)  # well past the first look for the stream
-            assert reader.poll() is None, reader.communicate()[1].decode()[-2000:]
+            await wait_until(lambda: waiting in log.read_text(), timeout=30, what="the wait")
+            await asyncio.sleep(1.5)  # looked again at least once meanwhile
+            assert reader.poll() is None, log.read_text()[-2000:]
             await publish_all(nats_server.urls, total)  # creates the stream
             await wait_until(lambda: len(recorded(tmp_path, "early")) >= total, timeout=30)
         finally:
             if reader.poll() is None:
                 reader.send_signal(signal.SIGTERM)
-            out, err = reader.communicate(timeout=20)
-        assert reader.returncode == 0, err.decode()[-2000:]
+            out, _ = reader.communicate(timeout=20)
+        assert reader.returncode == 0, log.read_text()[-2000:]
         assert json.loads(out)["records"] == total
-        assert err.decode().count("no JetStream stream 'SHADOW'") == 1
+        assert log.read_text().count(waiting) == 1
 
 
 class TestMissingStream:

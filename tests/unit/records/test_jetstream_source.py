@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import nats
@@ -14,6 +15,7 @@ import nats.js
 import pytest
 from nats.js import api
 
+from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records.jetstream_source import HINT_AFTER_S, JetStreamSource, default_subject
 from shadow_proxy.records.sources import Delivery, SourceError
 from shadow_proxy.records.wire import Heartbeat, encode_envelope, heartbeat_topic
@@ -141,7 +143,8 @@ class TestRefused:
                                  log=lines.append)  # fmt: skip
         opening = asyncio.create_task(source.open())
         try:
-            await asyncio.sleep(1.5)
+            await wait_until(lambda: lines, timeout=30, what="the waiting line")
+            await asyncio.sleep(1.5)  # looked again at least once meanwhile
             assert not opening.done() and len(lines) == 1, lines
             nc = await nats.connect(nats_server.urls)
             try:
@@ -162,8 +165,17 @@ class TestRefused:
         lines: list[str] = []
         source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "hint", log=lines.append)
         async with reading(source) as deliveries:
-            with pytest.raises(TimeoutError):
-                await asyncio.wait_for(anext(deliveries), HINT_AFTER_S + 2.5)
+            reading_started = time.monotonic()
+            waiting = asyncio.ensure_future(anext(deliveries))
+            try:
+                await wait_until(lambda: lines, timeout=30, what="the hint")
+                quiet_for = time.monotonic() - reading_started
+                assert not waiting.done(), "nothing is delivered"
+            finally:
+                waiting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiting
+        assert quiet_for >= HINT_AFTER_S
         assert lines == [
             f"nothing on {SUBJECT} in 5 s; stream 'SHADOW' holds "
             "shadow.custom-topic: for a tap with its own topic pass --topic TOPIC"
