@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import nats
+import nats.js.errors
 import pytest
 
 from shadow_proxy.devtools.processes import wait_until
@@ -75,6 +77,25 @@ async def publish_all(urls: list[str], total: int) -> None:
         await wait_until(lambda: publisher.queue.published == total, timeout=30)
     finally:
         publisher.close()
+
+
+async def pulls_waiting(urls: list[str], durable: str, count: int, timeout: float = 30) -> None:
+    """Until ``count`` pull requests wait on the durable of the SHADOW stream."""
+    nc = await nats.connect(urls)
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                waiting = (await js.consumer_info("SHADOW", durable)).num_waiting or 0
+            except nats.js.errors.NotFoundError:
+                waiting = 0
+            if waiting >= count:
+                return
+            assert time.monotonic() < deadline, f"{waiting} of {count} readers waiting"
+            await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
 
 
 def publish_in_background(
@@ -142,14 +163,23 @@ class TestSharedDurable:
 
     async def test_split(self, nats_server, tmp_path):
         total = 2000
-        await publish_all(nats_server.urls, total)
-        readers = [start_consumer(nats_server.urls, "shared", tmp_path, n) for n in "ab"]
+        publisher = DirectPublisher(nats_server.urls, capacity=4096)
+        readers: list[subprocess.Popen] = []
         try:
+            assert publisher.startup_problem() is None  # the stream exists
+            readers = [start_consumer(nats_server.urls, "shared", tmp_path, n) for n in "ab"]
+            # Both readers wait on the durable before the first record (records
+            # already stored could all go to whichever reader starts first).
+            await pulls_waiting(nats_server.urls, "shared", 2)
+            feeder = publish_in_background(publisher, total, per_step=20)
+            await asyncio.to_thread(feeder.join, 30)
+            await wait_until(lambda: publisher.queue.published == total, timeout=30)
             await wait_until(
                 lambda: len(recorded(tmp_path, "a")) + len(recorded(tmp_path, "b")) >= total,
                 timeout=30,
             )
         finally:
+            publisher.close()
             totals = [summary(r) for r in readers]
         a, b = recorded(tmp_path, "a"), recorded(tmp_path, "b")
         assert a and b, "both readers got records"
