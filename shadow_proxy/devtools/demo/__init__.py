@@ -14,8 +14,9 @@ The run is checked (``checks.py``): every tap holds one record per request
 sent, with no gap and no tail loss; each tap's prompt tokens equal what the
 frontend reports (its ``usage`` of the answers, and for requests the client
 cancelled, the frontend's count asked afterwards with the same prompt sent
-straight to it); the joined tap's outcomes are ``cancelled`` exactly for the
-requests the clients cancelled and ``complete`` for the rest; the proxy counts
+straight to it); the joined tap's outcomes are ``complete`` for the requests
+the clients got in full and ``cancelled`` for those they cancelled (or
+``complete``: a cancel after the whole answer was written); the proxy counts
 no prompt-token mismatch and no drop; every process exits with status 0. The
 exit status is 0 when all of this holds for every run, 1 otherwise (the
 table says why).

@@ -3,8 +3,10 @@
 ``evaluate`` runs once per run, on its result. A run holds when every tap
 holds one record per request sent, with no gap, no tail loss, no duplicate and
 nothing undecodable; each tap's prompt tokens equal what the frontend reports;
-the joined tap's outcomes are ``cancelled`` exactly for the requests the
-clients cancelled and ``complete`` for the rest; the proxy counts no
+the joined tap's outcomes are ``complete`` for the requests the clients got in
+full and ``cancelled`` for those they cancelled, except that a cancelled one
+may be ``complete`` (the client hung up after the proxy had written the whole
+answer: a short, fast stream); the proxy counts no
 prompt-token mismatch and drops nothing; every process exited with status 0.
 Each broken rule is one line saying what was found and what was expected.
 """
@@ -52,13 +54,19 @@ def evaluate(result: dict[str, Any]) -> list[str]:
             )
         if tap["capture"] == "request_response":
             outcomes = dict(totals.get("outcomes") or {})
-            want = {"complete": clients["ok"], "cancelled": clients["cancelled"]}
-            for outcome, count in want.items():
-                if outcomes.pop(outcome, 0) != count:
-                    failures.append(
-                        f"{name}: {totals.get('outcomes', {}).get(outcome, 0)} {outcome} "
-                        f"records, the clients saw {count}"
-                    )
+            complete, cancelled = outcomes.pop("complete", 0), outcomes.pop("cancelled", 0)
+            # A client that hangs up after its first token may do so after the
+            # proxy has written the whole answer (a short, fast stream): that
+            # record is rightly complete. The other way round never holds.
+            if not (
+                complete >= clients["ok"]
+                and cancelled <= clients["cancelled"]
+                and complete + cancelled == clients["ok"] + clients["cancelled"]
+            ):
+                failures.append(
+                    f"{name}: {complete} complete and {cancelled} cancelled records, the "
+                    f"clients saw {clients['ok']} answered and {clients['cancelled']} cancelled"
+                )
             for outcome, count in outcomes.items():
                 if count:
                     failures.append(f"{name}: {count} {outcome} records")

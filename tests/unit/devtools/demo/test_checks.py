@@ -49,6 +49,12 @@ class TestEvaluate:
     def test_a_good_run_passes(self):
         assert evaluate(_good_result()) == []
 
+    def test_a_cancel_after_the_whole_answer_is_complete(self):
+        """The client hung up after the proxy had written the whole answer."""
+        result = copy.deepcopy(_good_result())
+        result["taps"]["shadow-replay"]["outcomes"] = {"complete": 9, "cancelled": 1}
+        assert evaluate(result) == []
+
     @pytest.mark.parametrize(
         ("path", "value", "expected"),
         [
@@ -63,7 +69,12 @@ class TestEvaluate:
             (
                 ("taps", "shadow-replay", "outcomes"),
                 {"complete": 8, "error": 2},
-                "0 cancelled records, the clients saw 2",
+                "8 complete and 0 cancelled records, the clients saw 8 answered and 2 cancelled",
+            ),
+            (
+                ("taps", "shadow-replay", "outcomes"),
+                {"complete": 7, "cancelled": 3},
+                "7 complete and 3 cancelled records",
             ),
             (
                 ("proxy", "taps", "shadow-replay", "dropped"),
