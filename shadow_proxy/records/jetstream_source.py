@@ -180,6 +180,8 @@ class JetStreamSource(RecordSource):
             try:
                 messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
             except (nats.errors.TimeoutError, TimeoutError):
+                messages = []
+            if not messages:  # a fetch may also end empty (the pull request expired)
                 if not hinted and time.monotonic() - quiet_since > HINT_AFTER_S:
                     hinted = True
                     await self._hint_other_subjects()
