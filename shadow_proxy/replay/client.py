@@ -38,6 +38,7 @@ import attrs
 
 from shadow_proxy.replay.compare import Observation, mean_itl_ms
 from shadow_proxy.replay.request import COMPLETIONS_PATH, CandidateRequest
+from shadow_proxy.sockets import ack_now
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 300.0
@@ -184,6 +185,8 @@ class CandidateClient:
             async with self._session.post(
                 self.url, json=request.body, headers=request.headers
             ) as resp:
+                # As the proxy measured the primary: no delayed-ACK stall in the TTFT.
+                ack_now(resp.connection)
                 status = resp.status
                 if status >= 400:
                     body = await resp.content.read(MAX_ERROR_BODY_BYTES)

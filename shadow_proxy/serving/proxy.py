@@ -55,6 +55,7 @@ from shadow_proxy.serving.headers import (
 )
 from shadow_proxy.serving.logs import RateLimited
 from shadow_proxy.serving.metrics import ProxyMetrics
+from shadow_proxy.sockets import ack_now
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +217,7 @@ class ProxyHandler:
             async with self.session.request(
                 request.method, url, headers=headers, data=data, allow_redirects=False
             ) as upstream:
+                ack_now(upstream.connection)
                 response = web.StreamResponse(
                     status=upstream.status,
                     reason=upstream.reason,
