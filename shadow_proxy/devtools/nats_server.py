@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sysconfig
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Coroutine, Iterator
@@ -46,6 +47,8 @@ BINARY = "nats-server"
 #: How long a server may take to be healthy (a cluster elects its meta leader).
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+#: How long ``pause`` waits for the stop to take effect.
+PAUSE_WAIT_S = 5.0
 #: The monitoring endpoint that answers 200 once the server and JetStream are current.
 HEALTH_PATH = "/healthz"
 
@@ -193,8 +196,16 @@ class NatsServer:
             self.child.kill()
 
     def pause(self) -> None:
-        """SIGSTOP: connections stay open but nothing answers."""
+        """SIGSTOP: connections stay open but nothing answers. Returns once every
+        thread of the server has stopped (a signal is delivered asynchronously:
+        on a loaded machine a server still running for a moment would answer
+        what a test sends right after), or after ``PAUSE_WAIT_S``."""
         self.signal(signal.SIGSTOP)
+        if self.child is None or self.child.process is None:
+            return
+        deadline = time.monotonic() + PAUSE_WAIT_S
+        while not _all_threads_stopped(self.child.pid) and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
@@ -208,6 +219,24 @@ class NatsServer:
         if self.child is None:
             return "(no log)"
         return " | ".join(self.child.output_tail(lines).splitlines()) or "(no log)"
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (``T``) per /proc; True without /proc
+    or once the process is gone (nothing more to wait for)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # a thread that just exited
+        if state not in ("T", "t"):
+            return False
+    return True
 
 
 @attrs.define

@@ -59,7 +59,10 @@ class TestLifecycle:
             [server] = cluster.servers
             assert server.running and server.healthy()
             server.pause()
+            assert nats_server._all_threads_stopped(server.child.pid)  # pause waits for it
+            assert not server.healthy()
             server.resume()
+            assert server.healthy()
             server.kill()
             assert not server.running and not server.healthy()
             server.start()
