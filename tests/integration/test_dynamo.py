@@ -521,8 +521,11 @@ class TestDemo:
                 assert tap["tap_gaps"] == tap["transport_gaps"] == 0
                 assert tap["tail_loss"] == tap["transport_tail_loss"] == 0
             outcomes = taps[JOINED]["outcomes"]
-            assert outcomes.get("cancelled", 0) == clients["cancelled"]
-            assert outcomes.get("complete", 0) == 200 - clients["cancelled"]
+            # A cancel may come after the proxy wrote the whole (short, fast)
+            # answer: complete, rightly (demo/checks.py); never the other way.
+            assert outcomes.get("cancelled", 0) <= clients["cancelled"]
+            assert outcomes.get("complete", 0) >= clients["ok"]
+            assert sum(outcomes.values()) == 200
             assert run["proxy"]["prompt_token_mismatches"] == 0
             route = run["load"]["api"]
             assert run["proxy"]["requests"][f"{route} 2xx"] == clients["ok"]
