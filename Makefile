@@ -10,12 +10,14 @@ MODELS := .models/chatml/generation_config.json .models/deepseek/generation_conf
 
 .PHONY: demo test lint format bench models dynamo aiperf clean
 
+# uv (from PyPI) installs the project and its dependencies: it downloads and
+# unpacks in parallel, minutes faster than pip on a machine with an empty cache.
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet uv
 
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev]'
 	touch $@
 
 $(MODELS) &: $(STAMP) shadow_proxy/devtools/modeldirs.py
@@ -27,7 +29,7 @@ demo: $(MODELS)
 	$(VENV)/bin/shadow-proxy demo $(DEMO_ARGS)
 
 # The Dynamo tests (marker `dynamo`) need the real frontend and mocker: `make test`
-# installs them first (scripts/install-dynamo.sh: idempotent, ~45 s the first time).
+# installs them first (scripts/install-dynamo.sh: idempotent, ~15 s the first time).
 # Without Dynamo those tests fail. Outside CI (CI unset), SHADOW_PROXY_SKIP_DYNAMO=1
 # skips both the install and the tests; under CI=true it is ignored.
 SKIP_DYNAMO := $(if $(filter true 1,$(CI)),,$(filter 1,$(SHADOW_PROXY_SKIP_DYNAMO)))
@@ -36,7 +38,7 @@ dynamo:
 	scripts/install-dynamo.sh
 
 # The AIPerf tests (marker `aiperf`: an exported trace replayed by AIPerf 0.13) need
-# AIPerf in its own venv: scripts/install-aiperf.sh (idempotent, ~90 s the first
+# AIPerf in its own venv: scripts/install-aiperf.sh (idempotent, ~10 s the first
 # time). Outside CI, SHADOW_PROXY_SKIP_AIPERF=1 skips both; under CI=true it is ignored.
 SKIP_AIPERF := $(if $(filter true 1,$(CI)),,$(filter 1,$(SHADOW_PROXY_SKIP_AIPERF)))
 
