@@ -147,7 +147,9 @@ async def _run(args: argparse.Namespace, stop: threading.Event, out: TextIO, err
 
     try:
         # A consumer may start before any proxy has created its stream: it waits.
-        source = sources.open_source(args, dedup=False, heartbeats=True, wait_for_stream=note)
+        source = sources.open_source(
+            args, dedup=False, heartbeats=True, wait_for_stream=True, log=note
+        )
     except sources.SourceError as e:
         note(str(e))
         return 2

@@ -362,12 +362,15 @@ def open_source(
     *,
     dedup: bool = True,
     heartbeats: bool = False,
-    wait_for_stream: Callable[[str], None] | None = None,
+    wait_for_stream: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> RecordSource:
     """The source the parsed arguments name; ``SourceError`` when they name none or several.
 
-    With ``wait_for_stream`` (a log function) a JetStream stream that does not
-    exist yet is waited for, not an error (a live reader started before the proxies)."""
+    With ``wait_for_stream`` a JetStream stream that does not exist yet is
+    waited for, not an error (a live reader started before the proxies).
+    ``log`` takes a stream reader's lines for its user: that it waits, and the
+    subjects the stream holds when nothing comes on the one it reads."""
     paths = list(getattr(args, "sources", None) or [])
     # --topic names the tap's topic for a stream too (its subject is shadow.TOPIC).
     live = bool(args.endpoint or args.discover or (args.topic and not args.nats))
@@ -397,8 +400,8 @@ def open_source(
             topic=args.topic,
             subject=args.subject,
             ack_wait_s=args.ack_wait,
-            wait_for_stream=wait_for_stream is not None,
-            log=wait_for_stream,
+            wait_for_stream=wait_for_stream,
+            log=log,
             dedup=dedup,
             heartbeats=heartbeats,
         )

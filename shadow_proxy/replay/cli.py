@@ -158,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shadow_proxy.replay.runner import Replay, ReplayOptions
 
     try:
-        source = sources.open_source(args)
+        source = sources.open_source(
+            args, log=lambda line: print(f"shadow-replay: {line}", file=sys.stderr, flush=True)
+        )
         options = ReplayOptions(
             candidate=args.candidate,
             out_dir=args.out,

@@ -98,10 +98,14 @@ async def _collect(
     return requests
 
 
+def _note(line: str) -> None:
+    print(f"shadow-trace: {line}", file=sys.stderr, flush=True)
+
+
 def _requests(args: argparse.Namespace, selection: Selection) -> tuple[list[TraceRequest], int]:
     """The trace requests of the sources, and how many records were unreadable."""
     # Selection deduplicates (also records of files without publisher ids).
-    source = sources.open_source(args, dedup=False)
+    source = sources.open_source(args, dedup=False, log=_note)
     try:
         requests = asyncio.run(
             _collect(source, selection, max_records=args.max_records, duration_s=args.duration)

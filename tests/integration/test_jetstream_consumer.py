@@ -229,3 +229,40 @@ class TestMissingStream:
         assert done.stderr.strip() == (
             f"{tool[0]}: no JetStream stream 'NOPE' at {nats_server.urls[0]}"
         ), done.stderr[-2000:]
+
+
+class TestWrongSubject:
+    """The offline tools reading a stream say, as the consumer does, which
+    subjects it holds when nothing comes on theirs (the ``--topic`` trap)."""
+
+    @pytest.mark.parametrize(
+        "tool",
+        [
+            ["shadow-replay", "--candidate", "http://127.0.0.1:9"],
+            ["shadow-trace", "analyze", "--duration", "30"],
+        ],
+    )
+    async def test_hint(self, nats_server, tmp_path, tool):
+        nc = await nats.connect(nats_server.urls)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="SHADOW", subjects=["shadow.>"])
+            await js.publish("shadow.custom-topic", b"not read")
+        finally:
+            await nc.close()
+        out = ["--out", str(tmp_path / "out")] if tool[0] == "shadow-replay" else []
+        source = ["--nats", nats_server.urls[0], "--tap", TAP, "--durable", "d"]
+        argv = [str(Path(sys.prefix) / "bin" / tool[0]), *tool[1:], *out, *source]
+        log = tmp_path / "stderr"
+        hint = (
+            f"{tool[0]}: nothing on shadow.shadow-requests-{TAP} in 5 s; stream 'SHADOW' "
+            "holds shadow.custom-topic: for a tap with its own topic pass --topic TOPIC"
+        )
+        with log.open("w") as err:
+            reader = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+        try:
+            await wait_until(lambda: hint in log.read_text(), timeout=30, what="the hint")
+        finally:
+            reader.send_signal(signal.SIGINT)
+            reader.wait(timeout=20)
+        assert log.read_text().count(hint) == 1, log.read_text()[-2000:]
