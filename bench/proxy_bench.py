@@ -33,6 +33,8 @@ Regimes:
   the proxy and its tap worker pinned to core 1, Dynamo, load and consumers to
   core 0; no taps vs two taps (consumers reading, stopped), quiet and with a
   CPU-bound neighbour process on the proxy's core;
+- ``quick-ack``: the same setting, the proxy (no taps) with and without its
+  quick ACK per response (``upstream.quick_ack``), against Dynamo direct;
 - ``scaling``, ``multiturn``, ``overload``, ``hostile``: the tap worker's own
   regimes (``bench/worker_bench.py``): throughput on 1 vs 2 cores, CPU per
   request on growing conversations against a full re-encode and the frontend's
@@ -99,6 +101,7 @@ CASE_TITLES = {
     "direct": "1 direct",
     "nginx": "2 nginx",
     "proxy": "3 shadow-proxy, no taps",
+    "proxy-no-quick-ack": "3b shadow-proxy, no taps, upstream.quick_ack off",
     "taps": "4 two taps, consumers reading",
     "taps-stalled": "5 two taps, consumers SIGSTOPped",
     "proxy+neighbour": "6 no taps, CPU-bound neighbour",
@@ -278,13 +281,15 @@ async def start_nginx(frontend_url: str, scratch: Path, cpus: str | None) -> tup
 
 
 async def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None,
-                      worker: dict[str, Any] | None = None):  # fmt: skip
+                      worker: dict[str, Any] | None = None, quick_ack: bool = True):  # fmt: skip
     """The proxy (with ``SHADOW_PROXY_LOOP_LAG=1``) and, with ``taps``, the two
     reference taps (``worker``: options of the tap worker); returns (child, url,
     worker pid, [(tap, endpoint, topic)])."""
     port = reserve_port()
     tap_list = reference_taps([reserve_endpoint() for _ in TAP_NAMES]) if taps else []
-    options = {"worker": worker} if worker and taps else {}
+    options: dict[str, Any] = {"worker": worker} if worker and taps else {}
+    if not quick_ack:
+        options["upstream"] = {"quick_ack": False}
     mapping = proxy_config(
         frontend_url, port=port, models={MODEL_NAME: MODEL_DIR} if taps else None, taps=tap_list,
         **options,
@@ -334,8 +339,9 @@ class Setup:
         elif case != "direct":
             taps = case.startswith("taps")
             child, self.url, worker_pid, endpoints = await start_proxy(
-                frontend.url, scratch, taps, proxy_cpus, worker
-            )
+                frontend.url, scratch, taps, proxy_cpus, worker,
+                quick_ack=case != "proxy-no-quick-ack",
+            )  # fmt: skip
             self.services.append(child)
             self.pids["proxy"] = child.pid
             self.lag_url = self.url + "/metrics"
@@ -585,10 +591,12 @@ def _run_json(run: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> dict[str, Any]:
-    isolate = regime in ("isolation", "isolation-dynamo")
-    if regime == "isolation-dynamo":
+    isolate = regime in ("isolation", "isolation-dynamo", "quick-ack")
+    if regime in ("isolation-dynamo", "quick-ack"):
         frontend_kind = "dynamo"
         cases = ("direct", "proxy", "taps", "taps-stalled", *NEIGHBOUR_CASES)
+        if regime == "quick-ack":  # the quick ACK on and off, in the same setting
+            cases = ("direct", "proxy", "proxy-no-quick-ack")
         loads = [(args.concurrency or 24, args.requests or 1200)]
         args.isl, args.osl = args.isl or 700, args.osl or 32
     elif regime == "quick":
@@ -913,7 +921,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shadow-proxy bench", description=__doc__.splitlines()[0])
     parser.add_argument("--regime", default="quick",
                         choices=("capacity", "isolation", "memory", "quick", "isolation-dynamo",
-                                 *WORKER_REGIMES, "all"))  # fmt: skip
+                                 "quick-ack", *WORKER_REGIMES, "all"))  # fmt: skip
     parser.add_argument("--frontend", default="builtin", choices=("builtin", "dynamo", "both"))
     parser.add_argument("--requests", type=int, help="per case and round (default per regime)")
     parser.add_argument("--concurrency", type=int, help="default: 64, isolation 16")
@@ -962,7 +970,7 @@ def main(argv: list[str] | None = None) -> int:
     for regime in regimes:
         started = time.strftime("%Y%m%d-%H%M%S")
         parts = []
-        kinds = ("dynamo",) if regime == "isolation-dynamo" else frontends
+        kinds = ("dynamo",) if regime in ("isolation-dynamo", "quick-ack") else frontends
         with tempfile.TemporaryDirectory(prefix="shadow-bench-") as tmp:
             for kind in kinds:
                 if regime in ("quick", "memory", "isolation") and kind == "dynamo" and len(

@@ -171,6 +171,7 @@ class _SchemaReader(Reader):
             "read_timeout_s",
             "max_connections",
             "max_request_bytes",
+            "quick_ack",
         }
         s = self.section(root, "upstream", "", keys)
         p = "upstream."
@@ -182,6 +183,7 @@ class _SchemaReader(Reader):
             ),
             max_connections=self.get(s, "max_connections", p, int, 1024, checks.at_least_1),
             max_request_bytes=self.get(s, "max_request_bytes", p, int, 64 * MIB, checks.at_least_1),
+            quick_ack=self.get(s, "quick_ack", p, bool, True),
         )
 
     def models(self, root: Mapping) -> tuple[ModelEntry, ...]:

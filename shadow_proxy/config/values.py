@@ -32,6 +32,8 @@ class Upstream:
     read_timeout_s: float | None = None
     max_connections: int = 1024
     max_request_bytes: int = 64 * MIB
+    #: Ask for a quick ACK once per response (``sockets.ack_now``).
+    quick_ack: bool = True
 
 
 #: How a model's chat template is rendered: as the frontend in front of it does.

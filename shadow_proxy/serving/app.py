@@ -113,6 +113,7 @@ async def _session_ctx(app: web.Application):
         metrics=app[METRICS],
         handoff=app[TAPS].handoff if TAPS in app else None,
         body_timeout_s=config.listen.body_timeout_s,
+        quick_ack=config.upstream.quick_ack,
         not_mirrored=app[TAPS].relay.not_mirrored if TAPS in app else None,
     )
     app[READY] = {"at": -READY_CACHE_S}

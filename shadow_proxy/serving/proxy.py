@@ -92,6 +92,7 @@ class ProxyHandler:
         metrics: ProxyMetrics,
         handoff: Handoff | None,
         body_timeout_s: float = 60.0,
+        quick_ack: bool = True,
         not_mirrored: Callable[[str], None] | None = None,
     ):
         self.session = session
@@ -101,6 +102,7 @@ class ProxyHandler:
         self.metrics = metrics
         self.handoff = handoff
         self.body_timeout_s = body_timeout_s
+        self.quick_ack = quick_ack
         #: Counts a mirrored-route request answered here (taps configured only).
         self.not_mirrored = not_mirrored if handoff is not None else None
         self.shutting_down = False
@@ -217,7 +219,8 @@ class ProxyHandler:
             async with self.session.request(
                 request.method, url, headers=headers, data=data, allow_redirects=False
             ) as upstream:
-                ack_now(upstream.connection)
+                if self.quick_ack:
+                    ack_now(upstream.connection)
                 response = web.StreamResponse(
                     status=upstream.status,
                     reason=upstream.reason,

@@ -105,6 +105,16 @@ async def test_proxy_adds_no_stall(frontend: str) -> None:
     assert kept_alive < STALL_MS, kept_alive
 
 
+async def test_switched_off(frontend: str) -> None:
+    """``upstream.quick_ack: false`` leaves the kernel's delayed ACK alone: the
+    stall is back for a client connecting afresh."""
+    config = proxy_config(frontend, upstream={"quick_ack": False})
+    async with run_proxy(config) as (url, _registry, _app):
+        await first_chunk_ms(url, fresh=True)
+        through_proxy = await first_chunk_ms(url, fresh=True)
+    assert through_proxy > STALL_MS, through_proxy
+
+
 async def test_replay_measures_no_stall(frontend: str) -> None:
     """The replayer keeps its connections alive too; its TTFT is the frontend's."""
     request = CandidateRequest(request_id="r", body=BODY, headers={}, prompt_tokens=1)

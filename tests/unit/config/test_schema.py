@@ -251,6 +251,7 @@ class TestTopLevelRejections:
             ("read_timeout_s", "-1", "positive"),
             ("max_connections", "0", "at least 1"),
             ("max_request_bytes", "'64MiB'", "integer"),
+            ("quick_ack", "'yes'", "true or false"),
         ],
     )
     def test_bad_upstream_numbers(self, tmp_path, key, value, expected):
@@ -313,6 +314,7 @@ class TestDefaults:
         assert upstream.read_timeout_s is None
         assert upstream.max_connections == 1024
         assert upstream.max_request_bytes == 64 * MIB == 64 * 1024 * 1024
+        assert upstream.quick_ack is True
         assert config.request_id_header == "x-request-id"
         assert config.models == ()
         assert config.taps == ()
