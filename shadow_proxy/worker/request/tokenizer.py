@@ -12,6 +12,7 @@ and a miss is a ``ModelLoadError`` with a plain message, never a hang.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -56,8 +57,6 @@ class LoadedModel:
     """One model, ready to preprocess requests. Immutable once loaded."""
 
     name: str
-    #: ``transformers.PreTrainedTokenizerFast`` (any fast tokenizer class).
-    tokenizer: Any
     #: The compiled chat template (``render(request) -> str``), or None when the
     #: model has none.
     chat_template: ChatTemplate | None
@@ -78,6 +77,14 @@ class LoadedModel:
     #: The prompt-bytes budget (``worker/budget.py``); None: no bound.
     max_prompt_bytes: int | None = None
 
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """``transformers.PreTrainedTokenizerFast`` of the directory, loaded on first
+        use. The worker never uses it for a ``minijinja`` model (Dynamo reads the
+        files itself; so does ``load_model``): importing transformers costs about
+        1.4 s of CPU and its tokenizer another 0.6 s, in every shard at start-up."""
+        return _auto_tokenizer(self.name, str(self.path), self.path)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens, as Dynamo's tokenizer encodes."""
         # encode_batch_fast skips the offsets: ~20% less CPU, the same ids.
@@ -97,14 +104,7 @@ def load_model(
     Raises ``ModelLoadError`` when the directory cannot be found or read.
     """
     path = _resolve_dir(name, tokenizer, allow_hub=allow_hub)
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:
-        msg = f"cannot load tokenizer '{tokenizer}' for model '{name}': {exc}"
-        raise ModelLoadError(msg) from exc
-    if not getattr(tok, "is_fast", False):
+    if not (path / "tokenizer.json").is_file():
         msg = f"tokenizer '{tokenizer}' for model '{name}' has no fast (tokenizer.json) version"
         raise ModelLoadError(msg)
     try:
@@ -117,19 +117,52 @@ def load_model(
     try:
         config = read_json(path / "config.json")
         generation = read_json(path / "generation_config.json")
-        chat_template = load_chat_template(path, tok, name, template_engine)
+        tokenizer_config = read_json(path / "tokenizer_config.json")
+        special = read_json(path / "special_tokens_map.json")
+        if template_engine == "jinja2":  # the template transformers picks
+            auto = _auto_tokenizer(name, tokenizer, path)
+            chat_template = load_chat_template(path, auto, name, template_engine)
+        else:
+            chat_template = load_chat_template(path, None, name, template_engine)
     except TemplateLoadError as exc:
         raise ModelLoadError(str(exc)) from exc
-    return LoadedModel(
+    # As transformers reads them: tokenizer_config.json, then special_tokens_map.json.
+    eos = _token_text(tokenizer_config.get("eos_token")) or _token_text(special.get("eos_token"))
+    model = LoadedModel(
         name=name,
-        tokenizer=tok,
         chat_template=chat_template,
-        eos_token_ids=_eos_ids(tok.eos_token_id, generation.get("eos_token_id")),
-        context_length=_context_length(context_length, config, tok.model_max_length),
+        eos_token_ids=_eos_ids(
+            backend.token_to_id(eos) if eos else None, generation.get("eos_token_id")
+        ),
+        context_length=_context_length(
+            context_length, config, tokenizer_config.get("model_max_length")
+        ),
         mdc_sum=checksum(path),
         path=path,
         backend=backend,
     )
+    if template_engine == "jinja2":
+        object.__setattr__(model, "tokenizer", auto)  # loaded already: cached
+    return model
+
+
+def _auto_tokenizer(name: str, tokenizer: str, path: Path) -> Any:
+    """transformers' tokenizer of ``path`` (imported here only: see ``LoadedModel.tokenizer``)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        msg = f"cannot load tokenizer '{tokenizer}' for model '{name}': {exc}"
+        raise ModelLoadError(msg) from exc
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it (a string, or an
+    AddedToken mapping with its ``content``)."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
 
 
 def _resolve_dir(name: str, tokenizer: str, *, allow_hub: bool) -> Path:
