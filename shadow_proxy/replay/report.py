@@ -190,6 +190,7 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     samples = tally.samples
     sides = ("primary", "candidate", "baseline") if tally.has_baseline else ("primary", "candidate")
@@ -221,6 +222,7 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
     drawn = False
+    highest = 0.0
     for side in sides[1:]:
         values = samples.column(f"divergence.{side}")
         values = values[~np.isnan(values)]
@@ -230,6 +232,10 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
                 values, bins=bins, alpha=0.6, label=f"{side} (n={values.size})", color=_COLORS[side]
             )
             drawn = True
+            highest = max(highest, float(values.max()))
+    if drawn and highest < 200:  # positions are whole tokens: whole ticks
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(-0.5, max(highest, 1) + 0.5)
     if not drawn:
         ax.text(0.5, 0.5, "no divergent outputs", ha="center", va="center", transform=ax.transAxes)
     else:
