@@ -182,17 +182,22 @@ async def _converse(url: str, talks: list[list[list[dict]]], concurrency: int) -
     sem = asyncio.Semaphore(concurrency)
     sent = 0
 
-    async def talk(requests: list[list[dict]]) -> None:
+    async def talk(index: int, requests: list[list[dict]]) -> None:
         nonlocal sent
+        # As agents talking to Dynamo do: the session header on every turn (the
+        # worker keeps a conversation on one shard by it).
+        headers = {"x-dynamo-session-id": f"conv-{index}"}
         async with sem, aiohttp.ClientSession() as session:
             for messages in requests:
                 body = {"model": pb.MODEL_NAME, "messages": messages, "max_tokens": 8,
                         "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
-                async with session.post(url + "/v1/chat/completions", json=body) as r:
+                async with session.post(
+                    url + "/v1/chat/completions", json=body, headers=headers
+                ) as r:
                     await r.read()
                     sent += r.status == 200
 
-    await asyncio.gather(*(talk(t) for t in talks))
+    await asyncio.gather(*(talk(i, t) for i, t in enumerate(talks)))
     return sent
 
 

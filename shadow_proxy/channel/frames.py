@@ -123,6 +123,22 @@ def peek(message: bytes) -> tuple[bytes, bytes]:
     return message[KIND_OFFSET : KIND_OFFSET + 1], message[KIND_OFFSET + 1 : KIND_OFFSET + HEADER]
 
 
+def frame_at(message: bytes, index: int) -> bytes | None:
+    """Frame ``index`` of a stream message, skipping the frames before it by
+    their lengths (a request's body is never copied to read its headers); None
+    when the message has fewer frames."""
+    pos, end = U32.size, len(message)
+    for _ in range(index):
+        if pos + U32.size > end:
+            return None
+        (n,) = U32.unpack_from(message, pos)
+        pos += U32.size + n
+    if pos + U32.size > end:
+        return None
+    (n,) = U32.unpack_from(message, pos)
+    return bytes(message[pos + U32.size : pos + U32.size + n])
+
+
 def split_header(frame: bytes) -> tuple[bytes, bytes, bytes]:
     """The kind, the key and the meta of a message's first frame."""
     return frame[:1], frame[1:HEADER], frame[HEADER:]

@@ -94,3 +94,23 @@ def unpack(frame: bytes) -> list[tuple[str, str]]:
         except UnicodeDecodeError:
             continue
     return pairs
+
+
+#: The headers that name a conversation, in the order one is picked: the
+#: worker keeps a conversation's requests on one shard (its segment cache holds
+#: the turns before).
+CONVERSATION_HEADERS = (b"x-dynamo-session-id", b"x-session-id", b"session-id", b"thread-id")
+
+
+def conversation(frame: bytes) -> bytes | None:
+    """The conversation id in ``pick``'s frame (the first of
+    ``CONVERSATION_HEADERS`` present with a value), or None."""
+    found: dict[bytes, bytes] = {}
+    for line in frame.split(b"\n"):
+        name, sep, value = line.partition(b":")
+        if sep and value and name in CONVERSATION_HEADERS:
+            found.setdefault(name, value)
+    for name in CONVERSATION_HEADERS:
+        if name in found:
+            return found[name]
+    return None

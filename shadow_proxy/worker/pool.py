@@ -6,8 +6,11 @@ templates, tokenizers, response parsing, envelopes) runs in N shard processes
 main, which never does that work, keeps its one-second heartbeats whatever one
 request costs.
 
-Routing: a request's ``q`` goes to a ready shard chosen by its key (the serving
-process's counter: round-robin); its ``c`` and ``e`` follow it to that shard.
+Routing: a request's ``q`` goes to a ready shard chosen by its conversation
+(``shard_key``: the session header Dynamo reads, when the client sends one, so
+a conversation's turns meet the segments of the turns before in one shard's
+cache), else by its key (the serving process's counter: round-robin); its
+``c`` and ``e`` follow it to that shard.
 The main keeps each open request's shard and the taps still waiting for it
 (``OpenRequest.waiting``, replaced by each of the shard's settle messages).
 
@@ -35,10 +38,12 @@ import select
 import socket
 import subprocess
 import time
+import zlib
 
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.channel.families import Totals
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind
@@ -58,6 +63,19 @@ RECYCLE_EVERY_S = 60.0
 RESTART_DELAY_S = 1.0
 #: Bytes read from one socket per loop turn.
 READ_BYTES = 1 << 20
+#: A request message's frames: meta, request id, body, engine headers, content-encoding.
+REQUEST_HEADERS_FRAME = 3
+
+
+def shard_key(key: bytes, message: bytes) -> int:
+    """What picks a request's shard: a hash of its conversation id
+    (``channel.headers.conversation``, read from the headers frame without
+    copying the body), else its key."""
+    frame = hf.frame_at(message, REQUEST_HEADERS_FRAME)
+    session = engine_headers.conversation(frame) if frame else None
+    if session is None:
+        return int.from_bytes(key, "big")
+    return zlib.crc32(session)
 
 
 class Pool:
@@ -171,7 +189,7 @@ class Pool:
         if not ready:
             publishing.drop_request("worker_died")
             return
-        shard = ready[int.from_bytes(key, "big") % len(ready)]
+        shard = ready[shard_key(key, message) % len(ready)]
         if shard.out_bytes + len(message) > self.bound:
             publishing.drop_request("handoff_full")
             return

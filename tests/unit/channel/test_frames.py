@@ -87,3 +87,14 @@ class TestChunks:
     def test_offset_out_of_range_is_refused(self) -> None:
         with pytest.raises(struct.error):
             hf.pack_chunks([2**64], [b"x"])
+
+
+class TestFrameAt:
+    """One frame of a stream message, read by skipping the ones before."""
+
+    def test_each_frame_and_past_the_end(self):
+        frames = [b"q" + b"k" * 8, b"rid", b"body" * 1000, b"x-session-id:s\n", b""]
+        message = b"".join(hf.stream_buffers(frames)[0])
+        assert [hf.frame_at(message, i) for i in range(5)] == frames
+        assert hf.frame_at(message, 5) is None
+        assert hf.frame_at(message[:-4], 4) is None  # cut short

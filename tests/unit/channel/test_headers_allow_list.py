@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shadow_proxy.channel import headers
 from shadow_proxy.channel.headers import MAX_HEADER_BYTES, allowed, pick, unpack
 
 
@@ -58,3 +59,18 @@ class TestAllowList:
 
     def test_unpack_refuses_names_off_the_list(self) -> None:
         assert unpack(b"authorization:Bearer x\nx-tenant-id:t\n") == [("x-tenant-id", "t")]
+
+
+class TestConversation:
+    """The id the worker keeps a conversation's requests together by."""
+
+    def test_first_of_the_family_in_order(self):
+        frame = b"session-id:b\nx-dynamo-session-id:a\nx-tenant-id:t\n"
+        assert headers.conversation(frame) == b"a"
+        assert headers.conversation(b"thread-id:c\nx-session-id:d\n") == b"d"
+        assert headers.conversation(b"thread-id:c\n") == b"c"
+
+    def test_none_without_one_or_with_an_empty_value(self):
+        assert headers.conversation(b"") is None
+        assert headers.conversation(b"x-tenant-id:t\n") is None
+        assert headers.conversation(b"x-dynamo-session-id:\n") is None

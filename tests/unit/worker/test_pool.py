@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 
 import pytest
 import zmq
@@ -91,10 +92,12 @@ def pool(tmp_path):
     context.term()
 
 
-def q(key: int, body: bytes = b"{}", age_s: float = 0.0, lost_before: int = 0) -> bytes:
+def q(
+    key: int, body: bytes = b"{}", age_s: float = 0.0, lost_before: int = 0, headers: bytes = b""
+) -> bytes:
     arrival = time.monotonic_ns() - int(age_s * 1e9)
     meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), arrival, lost_before)
-    frames = [hf.KIND_REQUEST + hf.KEY.pack(key) + meta, b"rid", body, b"", b""]
+    frames = [hf.KIND_REQUEST + hf.KEY.pack(key) + meta, b"rid", body, headers, b""]
     return b"".join(hf.stream_buffers(frames)[0])
 
 
@@ -127,6 +130,25 @@ class TestRouting:
         p.flush()
         got = {0: kinds(zero.received()), 1: kinds(one.received())}
         assert got == {0: [(b"q", 10), (b"c", 10), (b"e", 10)], 1: [(b"q", 11), (b"e", 11)]}
+
+    def test_a_conversation_stays_on_one_shard(self, pool) -> None:
+        """Requests naming a session go where their session hashes, whatever
+        their keys (the turns meet their segments in one cache); the others
+        by key."""
+        p, _, (zero, one) = pool
+        ends = {0: zero, 1: one}
+        sessions = {b"conv-a": zlib.crc32(b"conv-a") % 2, b"conv-d": zlib.crc32(b"conv-d") % 2}
+        assert set(sessions.values()) == {0, 1}, "pick sessions that land on both shards"
+        expected: dict[int, list[tuple[bytes, int]]] = {0: [], 1: []}
+        for key in range(20, 30):
+            session = (b"conv-a", b"conv-d")[key % 2]
+            header = b"x-tenant-id:t\nx-dynamo-session-id:" + session + b"\n"
+            p.route(q(key, body=b"x" * (key * 97), headers=header))
+            expected[sessions[session]].append((b"q", key))
+        p.route(q(31))  # no session: by key
+        expected[31 % 2].append((b"q", 31))
+        p.flush()
+        assert {i: kinds(end.received()) for i, end in ends.items()} == expected
 
     def test_lost_before_counted_once_per_tap(self, pool) -> None:
         p, publishing, _ = pool
