@@ -177,18 +177,9 @@ mkdir -p "$(dirname "$VENV")"
 "$PY" -m venv "$VENV"
 cfile="$(mktemp)"; trap 'rm -f "$cfile"' EXIT
 printf '%s\n' "$CONSTRAINTS" > "$cfile"
-# uv installs the pinned wheels (in parallel: ~10 s where pip took ~100 s with
-# an empty cache); pip is the fallback where uv cannot be installed.
-install() {
-  if [[ -x "$VENV/bin/uv" ]] ||
-     "$VENV/bin/pip" install --quiet --disable-pip-version-check uv >/dev/null 2>&1; then
-    "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --only-binary :all: \
-      -c "$cfile" "$@"
-  else
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check --only-binary=:all: \
-      -c "$cfile" "$@"
-  fi
-}
+# shellcheck source=scripts/pinned-install.sh
+source "$ROOT/scripts/pinned-install.sh"
+install() { pinned_install "$VENV" "$cfile" "$@"; }
 echo "install-aiperf: install aiperf==$AIPERF_VERSION"
 install "aiperf==$AIPERF_VERSION"
 "$VENV/bin/aiperf" --version >/dev/null
