@@ -26,6 +26,7 @@ from shadow_proxy.worker.request.templates import (
     TemplateLoadError,
     load_chat_template,
     read_json,
+    token_text,
 )
 from shadow_proxy.worker.request.templates.jinja2_env import template_environment
 
@@ -119,16 +120,14 @@ def load_model(
         generation = read_json(path / "generation_config.json")
         tokenizer_config = read_json(path / "tokenizer_config.json")
         special = read_json(path / "special_tokens_map.json")
-        if template_engine == "jinja2":  # the template transformers picks
-            auto = _auto_tokenizer(name, tokenizer, path)
-            chat_template = load_chat_template(path, auto, name, template_engine)
-        else:
-            chat_template = load_chat_template(path, None, name, template_engine)
+        # jinja2: the template transformers picks, from its tokenizer.
+        auto = _auto_tokenizer(name, tokenizer, path) if template_engine == "jinja2" else None
+        chat_template = load_chat_template(path, auto, name, template_engine)
     except TemplateLoadError as exc:
         raise ModelLoadError(str(exc)) from exc
     # As transformers reads them: tokenizer_config.json, then special_tokens_map.json.
-    eos = _token_text(tokenizer_config.get("eos_token")) or _token_text(special.get("eos_token"))
-    model = LoadedModel(
+    eos = token_text(tokenizer_config.get("eos_token")) or token_text(special.get("eos_token"))
+    return LoadedModel(
         name=name,
         chat_template=chat_template,
         eos_token_ids=_eos_ids(
@@ -141,9 +140,6 @@ def load_model(
         path=path,
         backend=backend,
     )
-    if template_engine == "jinja2":
-        object.__setattr__(model, "tokenizer", auto)  # loaded already: cached
-    return model
 
 
 def _auto_tokenizer(name: str, tokenizer: str, path: Path) -> Any:
@@ -155,14 +151,6 @@ def _auto_tokenizer(name: str, tokenizer: str, path: Path) -> Any:
     except Exception as exc:
         msg = f"cannot load tokenizer '{tokenizer}' for model '{name}': {exc}"
         raise ModelLoadError(msg) from exc
-
-
-def _token_text(value: Any) -> str | None:
-    """A special token as tokenizer_config.json writes it (a string, or an
-    AddedToken mapping with its ``content``)."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) and value else None
 
 
 def _resolve_dir(name: str, tokenizer: str, *, allow_hub: bool) -> Path:

@@ -3,7 +3,11 @@ it gets, and one real server started, paused, killed and restarted on its ports.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +63,6 @@ class TestLifecycle:
             [server] = cluster.servers
             assert server.running and server.healthy()
             server.pause()
-            assert nats_server._all_threads_stopped(server.child.pid)  # pause waits for it
             assert not server.healthy()
             server.resume()
             assert server.healthy()
@@ -95,3 +98,33 @@ class TestLifecycle:
         with nats_server.running_cluster(tmp_path / "nats") as cluster:
             with pytest.raises(RuntimeError, match="already running"):
                 cluster.servers[0].start()
+
+
+class TestAllThreadsStopped:
+    """What ``pause`` waits for: every thread of the process stopped, per /proc."""
+
+    def test_running_stopped_resumed(self) -> None:
+        code = (
+            "import threading, time\n"
+            "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+            "time.sleep(60)\n"
+        )
+        process = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            time.sleep(0.5)  # both threads started
+            assert len(os.listdir(f"/proc/{process.pid}/task")) == 2
+            assert not nats_server._all_threads_stopped(process.pid)
+            process.send_signal(signal.SIGSTOP)
+            deadline = time.monotonic() + 5
+            while not nats_server._all_threads_stopped(process.pid):
+                assert time.monotonic() < deadline, "never seen stopped"
+                time.sleep(0.01)
+            process.send_signal(signal.SIGCONT)
+            deadline = time.monotonic() + 5
+            while nats_server._all_threads_stopped(process.pid):
+                assert time.monotonic() < deadline, "never seen running again"
+                time.sleep(0.01)
+        finally:
+            process.kill()
+            process.wait()
+        assert nats_server._all_threads_stopped(process.pid)  # gone: nothing to wait for

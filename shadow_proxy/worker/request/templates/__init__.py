@@ -79,7 +79,9 @@ def read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _token(value: Any) -> str | None:
+def token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an
+    AddedToken mapping with its ``content``."""
     if isinstance(value, dict):  # an AddedToken written out
         value = value.get("content")
     return value if isinstance(value, str) else None
@@ -111,7 +113,7 @@ def _load_minijinja(path: Path, name: str) -> ChatTemplate | None:
     if not isinstance(source, (str, list)):
         msg = f"chat_template of model '{name}' must be a string or a list (got {source!r:.80})"
         raise TemplateLoadError(msg)
-    tokens = {key: _token(config.get(key)) for key in ("bos_token", "eos_token", "unk_token")}
+    tokens = {key: token_text(config.get(key)) for key in ("bos_token", "eos_token", "unk_token")}
     try:
         return DynamoTemplate.from_sources(source, tokens)
     except (minijinja.TemplateError, ValueError) as exc:
