@@ -134,16 +134,22 @@ async def _drain(url: str, main: int, spec: LoadSpec) -> dict[str, float]:
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
     sent = sum(1 for r in report.results if r.ok)
-    deadline = t0 + 600
-    while time.monotonic() < deadline:
-        done = all(t["next_seq"] - start[t["name"]] >= sent for t in listing(url))
-        if done:
-            break
-        await asyncio.sleep(0.05)
+    await _published(url, start, sent)
     elapsed = time.monotonic() - t0
     cpu = sum(pb.cpu_seconds(pid) for pid in pids) - cpu0
     return {"records": sent, "seconds": elapsed, "records_per_s": sent / elapsed,
             "worker_cpu_ms_per_record": 1000 * cpu / max(1, sent)}  # fmt: skip
+
+
+async def _published(url: str, start: dict[str, int], sent: int, timeout: float = 600) -> None:
+    """Until every tap has published ``sent`` records since ``start`` (its ``next_seq``
+    then): the worker's CPU is read after its backlog, not in the middle of it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(t["next_seq"] - start[t["name"]] >= sent for t in listing(url)):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"the taps did not publish {sent} records in {timeout:.0f} s")
 
 
 def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -225,9 +231,12 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                         "worker": worker_pids(main),
                         **{r: [p] for r, p in frontend.pids.items()},
                     }
+                    start = {t["name"]: t["next_seq"] for t in listing(url)}
                     before = _cpu(pids)
                     sent = await _converse(url, talks, args.concurrency or 8)
-                    await asyncio.sleep(2.0)  # the last records, a metrics snapshot
+                    # Every record published: a worker that fell behind pays its
+                    # backlog inside the measure (a fixed wait once left it out).
+                    await _published(url, start, sent)
                     after = _cpu(pids)
                     text = metrics(url)
                 finally:

@@ -45,7 +45,9 @@ or a failing test.
 Memory: the cache holds at most ``max_bytes`` (default 64 MiB per model) as counted by
 ``SegmentCache.cost``: the key string's and the id array's ``sys.getsizeof`` plus
 ``ENTRY_OVERHEAD`` for the ordered dict's node; a test measures a full cache with
-tracemalloc against that bound. Ids are kept as 4-byte unsigned ints.
+tracemalloc against that bound. Ids are kept as 4-byte unsigned ints. A gap of the
+first cut that is cut again is kept beside its pieces (the next turn finds it whole),
+within the same bound.
 """
 
 from __future__ import annotations
@@ -167,16 +169,24 @@ class Segmenter:
 
     def split(self, text: str) -> list[str | int]:
         """The text as non-empty gaps (str) and added-token ids (int), in order."""
-        pieces = _cut(text, self.raw, self.raw_ids)
-        if self.normalized is None:
-            return pieces
         result: list[str | int] = []
-        for piece in pieces:
+        for piece in self.split_raw(text):
             if type(piece) is str:
-                result += _cut(piece, self.normalized, self.normalized_ids)
+                result += self.split_normalized(piece)
             else:
                 result.append(piece)
         return result
+
+    def split_raw(self, text: str) -> list[str | int]:
+        """The library's first cut only: at the non-normalized added tokens."""
+        return _cut(text, self.raw, self.raw_ids)
+
+    def split_normalized(self, gap: str) -> list[str | int]:
+        """A gap of ``split_raw`` cut again at the normalized added tokens (itself
+        when those are not cut): the pieces whose ids make up the gap's."""
+        if self.normalized is None:
+            return [gap]
+        return _cut(gap, self.normalized, self.normalized_ids)
 
 
 def _cut(text: str, pattern: re.Pattern[str] | None, ids: dict[str, int]) -> list[str | int]:
@@ -341,20 +351,39 @@ class IncrementalEncoder:
             self.encoded_tokens += total
             self.returned_tokens += total
             return result
-        split = self.segmenter.split
+        # Two levels: a gap of the first cut (at non-normalized tokens) is looked up
+        # whole, and only when it is new is it cut again at the normalized ones
+        # (whose pieces are looked up or encoded, and the gap stored with their
+        # ids). The gap's ids are its pieces' ids either way (module docstring,
+        # point 2); the second cut, a regex scan of the text without a literal
+        # prefix, is then paid for the new turns only.
+        segmenter = self.segmenter
         cache = self.cache
         found: dict[str, array] = {}
+        #: Each new first-cut gap, with its pieces.
+        new_gaps: dict[str, list[str | int]] = {}
         missing: list[str] = []
-        all_pieces = [split(text) for text in texts]
-        for pieces in all_pieces:
-            for piece in pieces:
-                if type(piece) is str and piece not in found:
-                    ids = cache.get(piece)
-                    if ids is None:
+
+        def look_up(piece: str) -> bool:
+            if piece in found:
+                return True
+            ids = cache.get(piece)
+            if ids is None:
+                return False
+            found[piece] = ids
+            return True
+
+        all_gaps = [segmenter.split_raw(text) for text in texts]
+        for gaps in all_gaps:
+            for gap in gaps:
+                if type(gap) is not str or gap in new_gaps or look_up(gap):
+                    continue
+                pieces = segmenter.split_normalized(gap)
+                new_gaps[gap] = pieces
+                for piece in pieces:
+                    if type(piece) is str and not look_up(piece):
                         missing.append(piece)
                         found[piece] = array(_IDS)  # filled below
-                    else:
-                        found[piece] = ids
         if missing:
             encodings = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)
             for piece, encoding in zip(missing, encodings, strict=True):
@@ -362,14 +391,25 @@ class IncrementalEncoder:
                 ids.extend(encoding.ids)
                 self.encoded_tokens += len(ids)
                 cache.put(piece, ids)
-        result = []
-        for pieces in all_pieces:
-            out = array(_IDS)
+        for gap, pieces in new_gaps.items():
+            if len(pieces) == 1 and pieces[0] == gap:
+                continue  # stored above, as its own piece
+            ids = array(_IDS)
             for piece in pieces:
                 if type(piece) is int:
-                    out.append(piece)
+                    ids.append(piece)
                 else:
-                    out.extend(found[piece])
+                    ids.extend(found[piece])
+            found[gap] = ids
+            cache.put(gap, ids)
+        result = []
+        for gaps in all_gaps:
+            out = array(_IDS)
+            for gap in gaps:
+                if type(gap) is int:
+                    out.append(gap)
+                else:
+                    out.extend(found[gap])
             self.returned_tokens += len(out)
             result.append(out.tolist())
         return result

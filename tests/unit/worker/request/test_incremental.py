@@ -7,6 +7,7 @@ import random
 import tracemalloc
 from array import array
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,6 +167,39 @@ class TestReuse:
         assert new < len(full(model, text)) * 0.25
         assert encoder.cache.hits > 0
         assert encoder.encoded_tokens < encoder.returned_tokens * 0.5
+
+    def test_second_cut_only_for_new_gaps(self, loaded, encoders):
+        """DeepSeek's turn markers are normalized tokens: a gap of the first cut
+        seen before is reused whole, not cut again (the second cut scans the
+        text without a literal prefix, the dearer of the two)."""
+        model = loaded["deepseek"]
+        cut: list[str] = []
+
+        class Counting(Segmenter):
+            def split_normalized(self, gap: str) -> list[str | int]:
+                cut.append(gap)
+                return super().split_normalized(gap)
+
+        checked = encoders["deepseek"]
+        segmenter = Counting(**attrs.asdict(checked.segmenter, recurse=False))
+        encoder = IncrementalEncoder(checked.tokenizer, segmenter, SegmentCache())
+        history = [{"role": "system", "content": "Be brief."}]
+        for turn in range(4):
+            history += [
+                {"role": "user", "content": f"question {turn}"},
+                {"role": "assistant", "content": f"answer {turn}"},
+            ]
+        history.append({"role": "user", "content": "last"})
+        text = render(model, history)
+        gaps = [g for g in encoder.segmenter.split_raw(text) if isinstance(g, str)]
+        assert len(gaps) == 5  # each finished turn ends with the end-of-sentence token
+        encoder.encode(text)
+        assert cut == gaps
+        cut.clear()
+        history += [{"role": "assistant", "content": "done"}, {"role": "user", "content": "more"}]
+        text = render(model, history)
+        assert encoder.encode(text) == full(model, text)
+        assert cut == [g for g in encoder.segmenter.split_raw(text) if isinstance(g, str)][-2:]
 
 
 class TestSegmentCache:
