@@ -17,8 +17,15 @@ memory or its CPU without limit:
 - **decoded bytes** (``worker.max_decoded_bytes``): a content-encoded response
   body is decoded up to this many bytes; past it the record carries what was
   read, with the reason (``ResponseRecorder.give_up``);
+- **events** (no setting: derived per request): a streamed response is read for
+  at most ``EVENTS_PER_TOKEN`` events per token the request lets the engine
+  generate (``n`` x ``max_tokens``, or x the context length when unset) plus
+  ``EVENT_SLACK``; a frontend that sends more (a gzip bomb of chunks, a loop)
+  has its record carry what was read, with the reason (``response_events``);
 - **CPU time** (``worker.max_request_cpu_s``): a shard charges each request the
-  thread CPU time of the messages it handled for it; past the bound, its
+  thread CPU time of the messages it handled for it, and checks it between
+  decoded pieces of a response (at most ``decoding.DECODE_STEP`` bytes, tens
+  of milliseconds of parsing) as well as between messages; past the bound, its
   response is not read further and the record carries what was read.
 
 The shard restarts itself between requests past ``worker.max_rss_mb``
@@ -36,6 +43,21 @@ import attrs
 MIB = 1024 * 1024
 #: When the model's context length is unknown.
 DEFAULT_PROMPT_BYTES = 64 * MIB
+#: SSE events a streamed response may carry per token it may generate. Frontends
+#: send a token per event or fewer (Dynamo, vLLM, SGLang); reasoning and tool-call
+#: deltas are tokens too; the slack covers role, finish, usage and the Responses
+#: API's lifecycle events. Four times over, so that only a broken frontend meets it.
+EVENTS_PER_TOKEN = 4
+EVENT_SLACK = 256
+
+
+def response_events(n: int, max_tokens: int | None, context_length: int | None) -> int | None:
+    """The most SSE events a response to the request is read for (None: no bound,
+    when neither ``max_tokens`` nor the context length is known)."""
+    tokens = max_tokens if max_tokens is not None else context_length
+    if tokens is None:
+        return None
+    return max(1, n) * tokens * EVENTS_PER_TOKEN + EVENT_SLACK
 
 
 @attrs.frozen

@@ -35,6 +35,7 @@ from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, sample_in
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.records.wire import WireError
+from shadow_proxy.worker.budget import response_events
 from shadow_proxy.worker.encoding import encode_record
 from shadow_proxy.worker.metrics import WorkerMetrics
 from shadow_proxy.worker.request.batch import PreprocessedBatch
@@ -181,9 +182,11 @@ class Joiner:
                     self.publish(tap, part, None)
         joined = [tap for part in parts for tap in part.joined]
         if joined:
-            n = pending.pre.sampling_options.get("n") or 1
+            pre = pending.pre
+            n = pre.sampling_options.get("n") or 1
             options = [t.config.response for t in joined]
             caps = [o.max_tokens for o in options]
+            model = self.models.get(pre.model)
             pending.recorder = ResponseRecorder(
                 route,
                 n * len(parts),
@@ -191,6 +194,11 @@ class Joiner:
                 max_token_ids_per_choice=None if None in caps else max(caps),
                 chunk_timing=any(o.chunk_timing for o in options),
                 max_decoded_bytes=self.config.worker.max_decoded_bytes,
+                max_events=response_events(
+                    n * len(parts),
+                    pre.stop_conditions.get("max_tokens"),
+                    model.context_length if model is not None else None,
+                ),
             )
         for part in parts:
             if not part.joined:

@@ -12,9 +12,10 @@ Per message, around the joiner (each loss counted, never silent):
 - lag: a ``q`` older than ``worker.max_lag_s`` is not preprocessed (every tap
   drops it as ``late``); at an ``e`` older than it, the joined taps' records are
   not built (``late``);
-- CPU: each request is charged the thread CPU time of its messages; past
+- CPU: each request is charged the thread CPU time of its messages, checked
+  between messages and between the decoded pieces of a chunk; past
   ``worker.max_request_cpu_s`` its response is read no further and its record
-  carries what was read (``worker/budget.py``);
+  carries what was read (``worker/budget.py``, with the other budgets);
 - a failure (a bug) costs the request's records that did not exist yet one
   ``worker_error`` drop each; it is counted by exception type and logged
   without its text;
@@ -143,11 +144,12 @@ class ShardLoop:
         self.budget_exceeded = Counter(
             "shadow_worker_budget_exceeded",
             "Requests whose response was read no further, by work budget "
-            "(decoded: worker.max_decoded_bytes; cpu: worker.max_request_cpu_s).",
+            "(decoded: worker.max_decoded_bytes; events: more than n x max_tokens "
+            "accounts for; cpu: worker.max_request_cpu_s).",
             ["budget"],
             registry=registry,
         )
-        for budget in ("decoded", "cpu"):
+        for budget in ("decoded", "events", "cpu"):
             self.budget_exceeded.labels(budget)
         registry.register(TokenizerMetrics(joiner.models))
 
@@ -230,15 +232,13 @@ class ShardLoop:
         if recorder is None:
             return  # only the end matters (prompt-token check)
         if self.open[key] > self.max_cpu_s:
-            if key not in self.gave_up:
-                self.gave_up.add(key)
-                self.budget_exceeded.labels("cpu").inc()
-                recorder.give_up(f"work budget: over {self.max_cpu_s:g} s of CPU")
+            recorder.give_up(f"work budget: over {self.max_cpu_s:g} s of CPU", "cpu")
+            self._count_budget(key, recorder)
             return
-        started = time.thread_time()
+        started = self.set_deadline(key, recorder)
         handle_safely(self.joiner, frames)
         self.open[key] += time.thread_time() - started
-        self._count_decoded(key, recorder)
+        self._count_budget(key, recorder)
 
     def on_end(self, key: bytes, frames: list[bytes]) -> None:
         joiner = self.joiner
@@ -257,6 +257,8 @@ class ShardLoop:
             joiner.pending.pop(key, None)
         else:
             recorder = pending.recorder
+            if recorder is not None:  # the end may carry the body's last bytes
+                self.set_deadline(key, recorder)
             self.touched = 0
             if not handle_safely(joiner, frames):
                 for part in pending.parts():
@@ -264,13 +266,22 @@ class ShardLoop:
                         if mask & ~self.touched & tap.queue.bit:
                             tap.queue.drop("worker_error")
             if recorder is not None and end != EndKind.CAPTURE_LOST:
-                self._count_decoded(key, recorder)
+                self._count_budget(key, recorder)
         self.forget(key)
 
-    def _count_decoded(self, key: bytes, recorder: Any) -> None:
-        if recorder.gave_up is not None and key not in self.gave_up:
+    def set_deadline(self, key: bytes, recorder: Any) -> float:
+        """The request's CPU budget also holds between the decoded pieces of one
+        message: a small chunk of a compressed body can take seconds to parse.
+        Returns the thread CPU time now."""
+        now = time.thread_time()
+        recorder.cpu_deadline = now + self.max_cpu_s - self.open.get(key, 0.0)
+        recorder.cpu_reason = f"work budget: over {self.max_cpu_s:g} s of CPU"
+        return now
+
+    def _count_budget(self, key: bytes, recorder: Any) -> None:
+        if recorder.gave_up_on is not None and key not in self.gave_up:
             self.gave_up.add(key)
-            self.budget_exceeded.labels("decoded").inc()
+            self.budget_exceeded.labels(recorder.gave_up_on).inc()
 
     def forget(self, key: bytes) -> None:
         self.open.pop(key, None)

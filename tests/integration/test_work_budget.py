@@ -86,24 +86,38 @@ class TestHugeRequest:
                 await wait_for(lambda: consumer.has(1), timeout=10)
 
 
-class TestGzipBomb:
-    """A gzip SSE response that expands to 256 MiB decodes only to
-    max_decoded_bytes: its record says so, and other requests' records and the
-    heartbeats keep their pace."""
+#: The bomb's request without max_tokens: only the context length (32k) bounds
+#: its events then (131k of them, over a second of parsing).
+UNBOUNDED = chat("bomb")
+del UNBOUNDED["max_tokens"]
 
-    async def test_bounded_and_others_unaffected(self, model_dirs, context):
+
+class TestGzipBomb:
+    """A gzip SSE response that expands to 256 MiB (3 million events, each 64 KiB
+    write of it about 64 MiB) is read until the first budget it meets, and no
+    further: its record says which; other requests' records and the heartbeats
+    keep their pace. Each budget in turn, the others set out of its way."""
+
+    @pytest.mark.parametrize(
+        ("budget", "body", "worker"),
+        [
+            ("decoded", UNBOUNDED, {"max_decoded_bytes": 4 << 20, "max_request_cpu_s": 120}),
+            # max_tokens 4: at most 4 x 4 + 256 events.
+            ("events", chat("bomb"), {"max_request_cpu_s": 120}),
+            # 64 MiB would be met first if the CPU were checked only between messages.
+            ("cpu", UNBOUNDED, {"max_request_cpu_s": 0.3}),
+        ],
+    )
+    async def test_bounded_and_others_unaffected(self, model_dirs, context, budget, body, worker):
         bomb = gzip_bomb(256)  # MiB
         async with serve(plain_frontend(bomb)) as frontend:
-            config = config_for(
-                frontend, model_dirs, tap("replay", "request_response"),
-                max_decoded_bytes=16 * 1024 * 1024, max_request_cpu_s=120,
-            )  # fmt: skip
+            config = config_for(frontend, model_dirs, tap("replay", "request_response"), **worker)
             raw = aiohttp.ClientSession(auto_decompress=False)
             async with run_proxy(config) as (url, registry, app), raw as s:
                 consumer = Consumer(context, config.taps[0].endpoint, config.taps[0].topic)
                 await wait_for(consumer.got_heartbeat, timeout=10)
                 async with s.post(
-                    url + "/v1/chat/completions", json=chat("bomb"), headers={BOMB_HEADER: "1"}
+                    url + "/v1/chat/completions", json=body, headers={BOMB_HEADER: "1"}
                 ) as r:
                     assert r.headers["Content-Encoding"] == "gzip"
                     assert await r.read() == bomb  # the client gets the bytes as they were
@@ -118,13 +132,12 @@ class TestGzipBomb:
                 assert "work budget" in bombed["response"]["error"]
                 await wait_for(
                     lambda: (
-                        sample(registry, "shadow_worker_budget_exceeded_total", budget="decoded")
-                        == 1
+                        sample(registry, "shadow_worker_budget_exceeded_total", budget=budget) == 1
                     )
                 )
                 beats = [m.published_at_ms for m, _ in consumer.heartbeats]
                 gaps = [b - a for a, b in itertools.pairwise(beats)]
-                assert max(gaps) < 1600, gaps
+                assert max(gaps, default=0) < 1600, gaps
 
 
 class TestRecycle:

@@ -48,6 +48,7 @@ measured by ``bench/recorder_memory.py`` (figures in the README, "Bounds").
 from __future__ import annotations
 
 import json
+import time
 from array import array
 from typing import Any
 
@@ -97,6 +98,7 @@ class ResponseRecorder:
         max_chunk_offsets: int = DEFAULT_MAX_CHUNK_OFFSETS,
         max_choices: int = DEFAULT_MAX_CHOICES,
         max_decoded_bytes: int | None = None,
+        max_events: int | None = None,
     ) -> None:
         self.route = route
         self.n = max(1, n)
@@ -107,8 +109,17 @@ class ResponseRecorder:
         #: Work budget: bytes a content-encoded body may decode to (None: no bound).
         self._max_decoded = max_decoded_bytes
         self._decoded = 0
-        #: Why the body was read no further (a work budget), or None.
+        #: Work budget: SSE events the request can account for (None: no bound).
+        self._max_events = max_events
+        self._events = 0
+        #: Work budget: the ``time.thread_time()`` past which the body is read no
+        #: further (checked between decoded pieces), and the reason then given.
+        self.cpu_deadline: float | None = None
+        self.cpu_reason = "work budget: CPU time"
+        #: Why the body was read no further (a work budget), or None; and which
+        #: budget ("decoded", "events", "cpu").
         self.gave_up: str | None = None
+        self.gave_up_on: str | None = None
 
         self._status: int | None = None
         self._decoder: BodyDecoder | None = None
@@ -175,15 +186,22 @@ class ResponseRecorder:
             self._undecodable += len(data)
             return
         encoded = self._decoder.kind != "identity" and self._max_decoded is not None
+        deadline = self.cpu_deadline
         try:
             for piece in self._decoder.decode(data):
                 if encoded:
                     self._decoded += len(piece)
                     if self._decoded > self._max_decoded:
-                        self.give_up(f"work budget: body decodes to over {self._max_decoded} bytes")
+                        self.give_up(
+                            f"work budget: body decodes to over {self._max_decoded} bytes",
+                            "decoded",
+                        )
                         return
                 self._consume(piece, offset_ns)
                 if self._ignoring:
+                    return
+                if deadline is not None and time.thread_time() > deadline:
+                    self.give_up(self.cpu_reason, "cpu")
                     return
         except DecodeError as exc:
             self._decoder = None
@@ -191,14 +209,15 @@ class ResponseRecorder:
             self._problem = clip(f"corrupt {self._encoding} body: {exc}")
             self._body = None
 
-    def give_up(self, reason: str) -> None:
-        """Read no more of the body (a work budget is spent): the record carries what
+    def give_up(self, reason: str, budget: str = "cpu") -> None:
+        """Read no more of the body (``budget`` is spent): the record carries what
         was read so far, its outcome ``incomplete`` with ``reason`` unless the
         response had already failed or finished."""
         if self._result is not None or self._ignoring:
             return
         self._ignoring = True
         self.gave_up = reason
+        self.gave_up_on = budget
         if self._problem is None:
             self._problem = reason
         self._body = None
@@ -255,7 +274,15 @@ class ResponseRecorder:
             else:
                 self._body = bytearray()
         if self._sse is not None:
+            limit = self._max_events
             for event in self._sse.feed(piece):
+                self._events += 1
+                if limit is not None and self._events > limit:
+                    self.give_up(
+                        f"work budget: over {limit} events, more than max_tokens accounts for",
+                        "events",
+                    )
+                    return
                 self._on_event(event, offset_ns)
         elif self._body is not None:
             if len(self._body) + len(piece) > self._max_unary:

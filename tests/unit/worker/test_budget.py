@@ -4,6 +4,7 @@ counted with its reason; incremental encoding wired into the prompt, exactly."""
 from __future__ import annotations
 
 import json
+import time
 import zlib
 
 import attrs
@@ -12,9 +13,12 @@ import pytest
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.budget import (
+    EVENT_SLACK,
+    EVENTS_PER_TOKEN,
     Budget,
     chat_text_over,
     longest_token_bytes,
+    response_events,
     text_over,
 )
 from shadow_proxy.worker.request.fields import NotMirrored
@@ -171,3 +175,61 @@ class TestDecodedBytes:
         recorder.feed(event * 10, 2)
         assert recorder.gave_up is None
         assert recorder.finish(EndKind.CLEAN, 3).outcome == "complete"
+
+
+EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+
+
+def gzipped(body: bytes) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return compressor.compress(body) + compressor.flush()
+
+
+class TestEvents:
+    """A stream is read for at most the events its request accounts for: n x
+    max_tokens (or the context length) x EVENTS_PER_TOKEN, plus EVENT_SLACK."""
+
+    def test_bound_from_the_request(self):
+        assert response_events(1, 4, 32768) == 4 * EVENTS_PER_TOKEN + EVENT_SLACK
+        assert response_events(2, None, 32768) == 2 * 32768 * EVENTS_PER_TOKEN + EVENT_SLACK
+        assert response_events(1, None, None) is None
+
+    def test_stops_after_the_bound(self):
+        limit = response_events(1, 4, None)
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False, max_events=limit)
+        recorder.head(200, "text/event-stream", "", 1)
+        recorder.feed(EVENT * 1000, 2)
+        observed = recorder.finish(EndKind.CLEAN, 3)
+        assert recorder.gave_up_on == "events"
+        assert observed.outcome == "incomplete"
+        assert "events" in (observed.body_problem or "")
+        (choice,) = observed.choices
+        assert len(choice.text) == limit  # every event up to the bound, none after
+
+    def test_a_stream_within_the_bound_is_whole(self):
+        done = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False, max_events=11)
+        recorder.head(200, "text/event-stream", "", 1)
+        recorder.feed(EVENT * 10 + done, 2)
+        assert recorder.gave_up is None
+        assert recorder.finish(EndKind.CLEAN, 3).outcome == "complete"
+
+
+class TestCpuWithinAChunk:
+    """The CPU deadline is checked between the decoded pieces of one chunk: a small
+    compressed chunk that decodes to millions of events stops near its budget."""
+
+    def test_one_chunk_stops_at_the_deadline(self):
+        body = EVENT * 400_000  # 22 MB, 86 decoded pieces of 256 KiB
+        encoded = gzipped(body)
+        assert len(encoded) < 128 * 1024
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False)
+        recorder.head(200, "text/event-stream", "gzip", 1)
+        recorder.cpu_deadline = time.thread_time() + 0.02
+        recorder.cpu_reason = "work budget: over 0.02 s of CPU"
+        recorder.feed(encoded, 2)  # the whole body in one chunk
+        observed = recorder.finish(EndKind.CLEAN, 3)
+        assert recorder.gave_up_on == "cpu"
+        assert observed.body_problem == "work budget: over 0.02 s of CPU"
+        (choice,) = observed.choices
+        assert len(choice.text) < 400_000 // 4
