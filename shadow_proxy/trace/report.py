@@ -17,6 +17,18 @@ def _fmt_blocks(value: int | None) -> str:
     return "-" if value is None else f"{value:,}"
 
 
+def no_reuse(curves: dict[int, ReuseCurve]) -> str | None:
+    """What to say when no block size shows any reuse (None when one does): an
+    empty plot would otherwise read as a drawing fault."""
+    if not curves or any(curve.hit_rate() > 0 for curve in curves.values()):
+        return None
+    sizes = ", ".join(str(size) for size in curves)
+    return (
+        f"no prefix reuse at block sizes {sizes}: no request shares a whole block of "
+        "its prompt's start with an earlier one"
+    )
+
+
 def table(result: dict[str, dict[int, ReuseCurve]]) -> str:
     """One line per scope and block size."""
     head = f"{'model':<24} {'B':>5} {'requests':>9} {'prompt tok':>12} {'hit inf':>8} " + " ".join(
@@ -36,6 +48,9 @@ def table(result: dict[str, dict[int, ReuseCurve]]) -> str:
             )
     lines.append("hit inf: prefix-cache hit rate of an infinite cache;")
     lines.append("pN blk: LRU capacity in blocks that reaches N% of it")
+    note = no_reuse(result.get(ALL, {}))
+    if note:
+        lines.append(note)
     return "\n".join(lines)
 
 
@@ -60,8 +75,16 @@ def plot(result: dict[str, dict[int, ReuseCurve]], path: Path, command: str) -> 
             scaled = [x * scale for x in xs]
             end = right / size if scale == 1 else right
             axis.step([*scaled, max(end, scaled[-1])], [*ys, ys[-1]], where="post", label=label)
+    note = no_reuse(curves)
     for axis, unit in zip(axes, ("blocks", "tokens"), strict=True):
         axis.set_xscale("log")
+        if note:  # nothing to draw: say so, over the range the prompts' blocks span
+            smallest = min(curves)
+            prompt_blocks = max(c.prompt_tokens for c in curves.values()) // smallest
+            scale = 1 if unit == "blocks" else smallest
+            axis.set_xlim(scale, scale * max(10, prompt_blocks))
+            axis.text(0.5, 0.5, note.replace(": ", ":\n", 1), transform=axis.transAxes,
+                      ha="center", va="center", wrap=True)  # fmt: skip
         axis.set_xlabel(f"LRU cache capacity ({unit})")
         axis.set_ylabel("prefix-cache hit rate (hit tokens / prompt tokens)")
         axis.set_ylim(0, 1)
