@@ -58,23 +58,24 @@ class TestPlot:
         assert path.read_bytes()[:4] == b"\x89PNG"
 
 
+NO_REUSE = {ALL: {16: curve(16, 3, 64, [0]), 64: curve(64, 3, 64, [0])}}
+
+
 class TestNoReuse:
     """Traffic whose prompts share no whole block: the table and the plot say so
     instead of showing empty curves over a meaningless range."""
 
-    NONE = {ALL: {16: curve(16, 3, 64, [0]), 64: curve(64, 3, 64, [0])}}
-
     def test_table_says_so(self) -> None:
-        lines = report.table(self.NONE).splitlines()
+        lines = report.table(NO_REUSE).splitlines()
         assert lines[-1].startswith("no prefix reuse at block sizes 16, 64")
         assert "no prefix reuse" not in report.table(RESULT)
 
     def test_note_only_without_reuse(self) -> None:
-        assert report.no_reuse(self.NONE[ALL]) is not None
+        assert report.no_reuse(NO_REUSE[ALL]) is not None
         assert report.no_reuse(RESULT[ALL]) is None
         assert report.no_reuse({}) is None
 
     def test_plot_written(self, tmp_path) -> None:
         path = tmp_path / "none.png"
-        report.plot(self.NONE, path, "shadow-trace analyze")
+        report.plot(NO_REUSE, path, "shadow-trace analyze")
         assert path.read_bytes()[:4] == b"\x89PNG"
