@@ -5,15 +5,19 @@ steps of it, so one request (hostile or just huge) cannot take a shard's
 memory or its CPU without limit:
 
 - **prompt bytes** (``worker.max_prompt_bytes``; by default, per model, the
-  context length times the longest token's UTF-8 bytes, beyond which the prompt
-  cannot fit the context whatever its tokens): the message and tool sizes are
-  estimated before the template is rendered (tools are measured with
-  ``json.dumps`` until the bound is passed), and the rendered text is measured
-  before it is encoded. Past the bound the request is not mirrored
-  (``prompt_over_budget``). Tokens encoded are bounded with it: a token covers
-  at least one byte. A template that renders less than the messages' text
-  (one that ignores tools, say) can make the estimate refuse a prompt the
-  frontend would take: counted, never silent;
+  context length times ``MAX_BYTES_PER_TOKEN``, or the longest token's UTF-8
+  bytes if fewer): the message and tool sizes are estimated before the template
+  is rendered (tools are measured with ``json.dumps`` until the bound is
+  passed), and the rendered text is measured before it is encoded. Past the
+  bound the request is not mirrored (``prompt_over_budget``). Encoding costs
+  CPU by the byte (DeepSeek's pre-tokenizer: about 0.8 s per MiB here, 5.4 s
+  for a 7 MiB prompt that could never fit 32k tokens), so this is also the
+  bound on tokens encoded: about the context length. Text averages 1.4 to 6
+  bytes per token (prose, code, CJK, base64); only long runs of spaces or
+  repeated punctuation go past 32 (DeepSeek: 64 to 127), so a prompt the
+  frontend would take is refused only if it is mostly such runs, or if the
+  template renders less than the messages' text (one that ignores tools, say):
+  counted, never silent; set ``worker.max_prompt_bytes`` to take it;
 - **decoded bytes** (``worker.max_decoded_bytes``): a content-encoded response
   body is decoded up to this many bytes; past it the record carries what was
   read, with the reason (``ResponseRecorder.give_up``);
@@ -41,8 +45,10 @@ from typing import Any
 import attrs
 
 MIB = 1024 * 1024
-#: When the model's context length is unknown.
-DEFAULT_PROMPT_BYTES = 64 * MIB
+#: The most bytes per token a prompt is expected to average (module docstring).
+MAX_BYTES_PER_TOKEN = 32
+#: When the model's context length is unknown: 128k tokens.
+DEFAULT_PROMPT_BYTES = 131072 * MAX_BYTES_PER_TOKEN
 #: SSE events a streamed response may carry per token it may generate. Frontends
 #: send a token per event or fewer (Dynamo, vLLM, SGLang); reasoning and tool-call
 #: deltas are tokens too; the slack covers role, finish, usage and the Responses
@@ -72,7 +78,7 @@ class Budget:
             return self.max_prompt_bytes
         if context_length is None:
             return DEFAULT_PROMPT_BYTES
-        return context_length * max(1, longest_token_bytes)
+        return context_length * max(1, min(longest_token_bytes, MAX_BYTES_PER_TOKEN))
 
 
 def longest_token_bytes(backend: Any) -> int:

@@ -3,6 +3,8 @@ counted with its reason; incremental encoding wired into the prompt, exactly."""
 
 from __future__ import annotations
 
+import base64
+import inspect
 import json
 import time
 import zlib
@@ -15,6 +17,7 @@ from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.budget import (
     EVENT_SLACK,
     EVENTS_PER_TOKEN,
+    MAX_BYTES_PER_TOKEN,
     Budget,
     chat_text_over,
     longest_token_bytes,
@@ -96,9 +99,25 @@ class TestEstimates:
     def test_derived_from_context_and_longest_token(self, deepseek):
         longest = longest_token_bytes(deepseek.backend)
         assert longest >= len("<｜begin▁of▁sentence｜>".encode())
-        assert Budget().prompt_bytes(32768, longest) == 32768 * longest
-        assert Budget().prompt_bytes(None, longest) == 64 * 1024 * 1024
+        assert longest > MAX_BYTES_PER_TOKEN
+        assert Budget().prompt_bytes(32768, longest) == 32768 * MAX_BYTES_PER_TOKEN  # 1 MiB
+        assert Budget().prompt_bytes(32768, 5) == 32768 * 5
+        assert Budget().prompt_bytes(None, longest) == 131072 * MAX_BYTES_PER_TOKEN
         assert Budget(max_prompt_bytes=1000).prompt_bytes(32768, longest) == 1000
+
+    def test_realistic_text_well_within(self, deepseek):
+        """Prose, code, CJK and base64 average far fewer bytes per token than the
+        bound: a prompt that fits the context fits the budget."""
+        texts = [
+            inspect.getsource(json),
+            "Shadow deployments get a live copy of production requests. " * 200,
+            "日本語のテキスト" * 500,
+            base64.b64encode(bytes(range(256)) * 40).decode(),
+            "\n".join(" " * 16 + "x = compute(y)" for _ in range(300)),
+        ]
+        for text in texts:
+            ids = deepseek.backend.encode(text, add_special_tokens=False).ids
+            assert len(text.encode()) / len(ids) < MAX_BYTES_PER_TOKEN / 4
 
 
 class TestPromptBudget:

@@ -32,9 +32,9 @@ class TestModels:
             assert isinstance(model.prompt_encoder, IncrementalEncoder)
             assert model.prompt_encoder.fallback_reason is None
             assert model.prompt_encoder.cache.max_bytes == (1 << 20) // 2
-        # The context length times the longest token's bytes (chatml: 26).
+        # The context length times 32 bytes, or the longest token's if fewer (chatml: 26).
         assert models["chatml"].max_prompt_bytes == 100 * 26
-        assert models["deepseek"].max_prompt_bytes == 32768 * 256
+        assert models["deepseek"].max_prompt_bytes == 32768 * 32
 
     def test_cache_off_and_explicit_budget(self, model_dirs) -> None:
         models = load_models(config(model_dirs, tokenizer_cache_bytes=0, max_prompt_bytes=1000))
