@@ -936,6 +936,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--itl-ms", type=float, default=10.0, help="isolation: frontend pacing")
     parser.add_argument("--speedup", type=float, default=10.0,
                         help="isolation with Dynamo: mocker --speedup-ratio")  # fmt: skip
+    parser.add_argument("--answers", choices=("synthetic", "frontend"), default="synthetic",
+                        help="multiturn: resend the bench's answers (8 tokens asked "
+                             "for), or ask for as many and resend the frontend's")  # fmt: skip
     parser.add_argument("--conversations", type=int, default=24,
                         help="multiturn: conversations per case and round")  # fmt: skip
     parser.add_argument("--processes", type=int,

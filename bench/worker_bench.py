@@ -9,8 +9,11 @@
   interleaved like agent traffic; the worker's CPU per request (main and shards)
   with incremental tokenization against a full re-encode
   (``worker.tokenizer_cache_bytes: 0``), and against the frontend's own CPU per
-  request (run it with ``--frontend dynamo``). Targets: <= 0.3x the full
-  re-encode, <= 0.5x the frontend; the prompt-token mismatch metric stays 0.
+  request (run it with ``--frontend dynamo``). Each turn resends the bench's
+  own answer text (8 tokens asked for), or with ``--answers frontend`` asks for
+  that many tokens and resends what the frontend streamed, as agents do (the
+  worker then finds each answer's ids from its record). Targets: <= 0.3x the
+  full re-encode, <= 0.5x the frontend; the prompt-token mismatch metric stays 0.
 - ``overload``: long prompts at a rate the worker, pinned with the proxy to
   one core, cannot follow: record lag p99 stays under ``worker.max_lag_s``
   (requests past it are dropped as ``late`` and counted), and the clients'
@@ -42,8 +45,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 
 from bench import proxy_bench as pb
+from shadow_proxy.devtools.conversations import answer_text
 from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt, many_tools, run_load
 
 HISTOGRAM = re.compile(r'^(\w+)_bucket\{(.*?)le="([^"]+)"(.*?)\} (\S+)$', re.M)
@@ -161,48 +166,65 @@ def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
 # --------------------------------------------------------------------------- multiturn
 
 
-def conversations(n: int, seed: int, tag: str = "") -> list[list[dict[str, Any]]]:
-    """Each conversation as its requests: 10-30 turns, growing to 8k-32k tokens
-    (words of the load generator: about a token each). ``tag`` opens every
-    system message: the same conversations under another tag share no prefix."""
+@attrs.frozen
+class Talk:
+    """One conversation: its system message, then each turn's user message and the
+    answer the bench resends for it (or the length of the one asked for)."""
+
+    system: str
+    turns: list[tuple[str, str]]
+
+
+def conversations(n: int, seed: int, tag: str = "") -> list[Talk]:
+    """10-30 turns, growing to 8k-32k tokens (words of the load generator: about a
+    token each), a third of each turn the user's, two thirds the answer's.
+    ``tag`` opens every system message: the same conversations under another tag
+    share no prefix."""
     rng = random.Random(seed)
     out = []
     for c in range(n):
         turns = rng.randint(10, 30)
         final = rng.randint(8_000, 30_000)
         per_turn = (final - 1_000) // turns
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": f"{tag}Agent {c}. " + make_prompt(rng, 1_000)}
+        system = f"{tag}Agent {c}. " + make_prompt(rng, 1_000)
+        pairs = [
+            (make_prompt(rng, per_turn // 3), make_prompt(rng, 2 * per_turn // 3))
+            for _ in range(turns)
         ]
-        requests = []
-        for _ in range(turns):
-            messages.append({"role": "user", "content": make_prompt(rng, per_turn // 3)})
-            requests.append([dict(m) for m in messages])
-            reply = make_prompt(rng, 2 * per_turn // 3)
-            messages.append({"role": "assistant", "content": reply})
-        out.append(requests)
+        out.append(Talk(system, pairs))
     return out
 
 
-async def _converse(url: str, talks: list[list[list[dict]]], concurrency: int) -> int:
-    """Each conversation turn by turn, ``concurrency`` conversations at a time."""
+async def _converse(
+    url: str, talks: list[Talk], concurrency: int, answers: str = "synthetic"
+) -> int:
+    """Each conversation turn by turn, ``concurrency`` conversations at a time.
+    ``answers``: ``synthetic`` resends the bench's own answer text (8 tokens
+    asked for); ``frontend`` asks for as many tokens and resends what the
+    frontend streamed, as agents do."""
     sem = asyncio.Semaphore(concurrency)
     sent = 0
 
-    async def talk(index: int, requests: list[list[dict]]) -> None:
+    async def talk(index: int, conversation: Talk) -> None:
         nonlocal sent
         # As agents talking to Dynamo do: the session header on every turn (the
         # worker keeps a conversation on one shard by it).
         headers = {"x-dynamo-session-id": f"conv-{index}"}
+        messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}]
         async with sem, aiohttp.ClientSession() as session:
-            for messages in requests:
-                body = {"model": pb.MODEL_NAME, "messages": messages, "max_tokens": 8,
+            for user, reply in conversation.turns:
+                messages.append({"role": "user", "content": user})
+                real = answers == "frontend"
+                body = {"model": pb.MODEL_NAME, "messages": messages,
+                        "max_tokens": len(reply.split()) if real else 8,
                         "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
                 async with session.post(
                     url + "/v1/chat/completions", json=body, headers=headers
                 ) as r:
-                    await r.read()
+                    raw = await r.read()
                     sent += r.status == 200
+                answer = answer_text(raw) if real else reply
+                messages.append({"role": "assistant", "content": answer})
 
     await asyncio.gather(*(talk(i, t) for i, t in enumerate(talks)))
     return sent
@@ -234,7 +256,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                     }
                     start = {t["name"]: t["next_seq"] for t in listing(url)}
                     before = _cpu(pids)
-                    sent = await _converse(url, talks, args.concurrency or 8)
+                    sent = await _converse(url, talks, args.concurrency or 8, args.answers)
                     # Every record published: a worker that fell behind pays its
                     # backlog inside the measure (a fixed wait once left it out).
                     await _published(url, start, sent)
@@ -267,7 +289,8 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         ("prompt-token mismatches == 0", inc["mismatches"] + full["mismatches"], 0, False),
     ]  # fmt: skip
     return {"regime": "multiturn", "frontend": frontend.label, "conversations": n,
-            "rounds": args.rounds, "cases": summary, "runs": runs, "targets": targets}  # fmt: skip
+            "answers": args.answers, "rounds": args.rounds, "cases": summary, "runs": runs,
+            "targets": targets}  # fmt: skip
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:

@@ -253,7 +253,7 @@ class Joiner:
         model = self.models[pending.model]
         joined = [tap for part in parts for tap in part.joined]
         final = observed.finalize(
-            model.encode, token_ids=any(t.config.response.tokens for t in joined)
+            model.encode_output, token_ids=any(t.config.response.tokens for t in joined)
         )
         self.check_prompt_tokens(pending, reported_prompt_tokens(observed.usage))
         if observed.first_token_offset_ns is not None:

@@ -77,6 +77,8 @@ def load_models(config: Config) -> dict[str, LoadedModel]:
         encoder = None
         if cache_bytes > 0:
             encoder = IncrementalEncoder.for_tokenizer(model.backend, cache_bytes)
+            if model.chat_template is not None:
+                encoder.learn_answer_gap(model.chat_template.render)
             if encoder.fallback_reason:
                 log.warning("model %r: prompts encoded in full (%s)", entry.name,
                             encoder.fallback_reason)  # fmt: skip

@@ -57,6 +57,7 @@ import json
 import re
 import sys
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -67,6 +68,8 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 #: table share and linked node. Measured with tracemalloc on CPython 3.11: 66-100
 #: bytes per entry for 100 to 87,000 entries, 116 in a cache churning at its bound.
 ENTRY_OVERHEAD = 160
+#: The assistant message ``IncrementalEncoder.learn_answer_gap`` renders.
+_ANSWER_MARKER = "shadowproxyanswermarker"
 #: Typecode of 4-byte unsigned ints on every platform CPython supports here.
 _IDS = "I" if array("I").itemsize == 4 else "L"
 
@@ -323,6 +326,36 @@ class IncrementalEncoder:
     #: from the cache or were added tokens): 1 - encoded / returned is the saving.
     returned_tokens: int = 0
     encoded_tokens: int = 0
+    #: The text around an assistant message's content in the gap or piece that
+    #: holds it when the template renders it (``learn_answer_gap``); None: unknown,
+    #: answers are not kept.
+    answer_prefix: str | None = None
+    answer_suffix: str = ""
+
+    def learn_answer_gap(self, render: Callable[[dict[str, Any]], str]) -> None:
+        """Where the chat template puts an answer: render a conversation whose
+        assistant message is a marker and find the piece that holds it (DeepSeek:
+        the marker alone; ChatML: ``"assistant\n"`` before it). A template that
+        fails, or renders the marker other than once inside one piece, keeps
+        answers out of the cache."""
+        self.answer_prefix = None
+        if self.segmenter is None:
+            return
+        messages = [
+            {"role": "user", "content": "question"},
+            {"role": "assistant", "content": _ANSWER_MARKER},
+            {"role": "user", "content": "next question"},
+        ]
+        try:
+            text = render({"messages": messages})
+        except Exception:  # any template failure: no answers kept, nothing else lost
+            return
+        if text.count(_ANSWER_MARKER) != 1:
+            return
+        for piece in self.segmenter.split(text):
+            if type(piece) is str and _ANSWER_MARKER in piece:
+                self.answer_prefix, _, self.answer_suffix = piece.partition(_ANSWER_MARKER)
+                return
 
     @classmethod
     def for_tokenizer(
@@ -340,6 +373,26 @@ class IncrementalEncoder:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens, identical to a full encode."""
         return self.encode_many([text])[0]
+
+    def encode_output(self, text: str) -> list[int]:
+        """A full encode of ``text`` (an answer's output). The piece the next turn
+        renders it into (``answer_prefix + text + answer_suffix``) is encoded and
+        kept too: that turn resends the answer as an assistant message. Exact
+        whatever the text: a gap or piece equal to the key encodes alone to these
+        very ids (module docstring, point 2), and any other text is another key.
+        When the prefix and suffix are empty (DeepSeek) the one encode serves both."""
+        encode = self.tokenizer.encode_batch_fast
+        prefix, suffix = self.answer_prefix, self.answer_suffix
+        if prefix is None or not text:
+            return encode([text], add_special_tokens=False)[0].ids
+        if prefix or suffix:
+            ids, piece_ids = (
+                e.ids for e in encode([text, prefix + text + suffix], add_special_tokens=False)
+            )
+        else:
+            ids = piece_ids = encode([text], add_special_tokens=False)[0].ids
+        self.cache.put(prefix + text + suffix, array(_IDS, piece_ids))
+        return ids
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         """``encode`` of each text; the segments nobody has seen go to the tokenizer in

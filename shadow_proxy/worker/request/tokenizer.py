@@ -73,7 +73,8 @@ class LoadedModel:
     backend: Any = None
     #: Encodes prompts (``worker/request/incremental.py``: exact, reusing the ids
     #: of segments seen before); None: every prompt is encoded in full. Set by the
-    #: tap worker after loading; output text is always encoded in full.
+    #: tap worker after loading. Output text is encoded in full, and its ids are
+    #: kept for the next turn, which resends the answer (``encode_output``).
     prompt_encoder: Any = None
     #: The prompt-bytes budget (``worker/budget.py``); None: no bound.
     max_prompt_bytes: int | None = None
@@ -90,6 +91,13 @@ class LoadedModel:
         """Token ids of ``text`` without special tokens, as Dynamo's tokenizer encodes."""
         # encode_batch_fast skips the offsets: ~20% less CPU, the same ids.
         return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+
+    def encode_output(self, text: str) -> list[int]:
+        """``encode`` of an answer's text, whose ids the prompt encoder keeps: a
+        conversation's next turn resends the answer as an assistant message."""
+        if self.prompt_encoder is None:
+            return self.encode(text)
+        return self.prompt_encoder.encode_output(text)
 
 
 def load_model(

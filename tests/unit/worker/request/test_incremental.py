@@ -56,7 +56,12 @@ def loaded(model_dirs) -> dict[str, LoadedModel]:
 
 @pytest.fixture(scope="module")
 def encoders(loaded) -> dict[str, IncrementalEncoder]:
-    return {name: IncrementalEncoder.for_tokenizer(m.backend) for name, m in loaded.items()}
+    """As the worker builds them (``shard_setup.load_models``)."""
+    out = {}
+    for name, model in loaded.items():
+        out[name] = IncrementalEncoder.for_tokenizer(model.backend)
+        out[name].learn_answer_gap(model.chat_template.render)
+    return out
 
 
 def render(model: LoadedModel, messages: list[dict]) -> str:
@@ -66,7 +71,13 @@ def render(model: LoadedModel, messages: list[dict]) -> str:
 
 def fresh(encoder: IncrementalEncoder) -> IncrementalEncoder:
     """The same checked segmenter with an empty cache (the check costs ~0.2 s)."""
-    return IncrementalEncoder(encoder.tokenizer, encoder.segmenter, SegmentCache())
+    return IncrementalEncoder(
+        encoder.tokenizer,
+        encoder.segmenter,
+        SegmentCache(),
+        answer_prefix=encoder.answer_prefix,
+        answer_suffix=encoder.answer_suffix,
+    )
 
 
 def full(model: LoadedModel, text: str) -> list[int]:
@@ -167,6 +178,57 @@ class TestReuse:
         assert new < len(full(model, text)) * 0.25
         assert encoder.cache.hits > 0
         assert encoder.encoded_tokens < encoder.returned_tokens * 0.5
+
+    @pytest.mark.parametrize("name", MODELS)
+    def test_answers_kept_for_the_next_turn(self, loaded, encoders, name):
+        """The worker encodes each answer's text for its record (``encode_output``);
+        the next turn, which resends it, encodes only the new user message."""
+        model = loaded[name]
+        encoder = fresh(encoders[name])
+        history = [{"role": "system", "content": "You are terse. " * 50}]
+        for turn in range(5):
+            history.append({"role": "user", "content": f"question {turn} " * 20})
+            text = render(model, history)
+            before = encoder.encoded_tokens
+            assert encoder.encode(text) == full(model, text)
+            new = encoder.encoded_tokens - before
+            answer = f"answer {turn}, at length: " + "and so on " * 60
+            assert encoder.encode_output(answer) == full(model, answer)
+            history.append({"role": "assistant", "content": answer})
+        question = len(full(model, history[-2]["content"]))
+        assert new < question + 20, (new, question)  # not the answer's 180 tokens again
+
+    def test_where_each_template_puts_an_answer(self, encoders):
+        assert (encoders["deepseek"].answer_prefix, encoders["deepseek"].answer_suffix) == ("", "")
+        assert (encoders["chatml"].answer_prefix, encoders["chatml"].answer_suffix) == (
+            "assistant\n", ""
+        )
+
+    def test_a_failing_template_keeps_no_answers(self, loaded, encoders):
+        encoder = fresh(encoders["deepseek"])
+
+        def broken(request: dict) -> str:
+            raise ValueError("no")
+
+        encoder.learn_answer_gap(broken)
+        assert encoder.answer_prefix is None
+        assert encoder.encode_output("an answer") == full(loaded["deepseek"], "an answer")
+        assert len(encoder.cache) == 0
+
+    @pytest.mark.parametrize("name", MODELS)
+    def test_answers_with_cut_tokens_stay_exact(self, loaded, encoders, name):
+        """An answer that spells a cut token (or is empty) is kept under its own text:
+        prompts that contain it, whole or cut, still encode exactly."""
+        model = loaded[name]
+        encoder = fresh(encoders[name])
+        for cut in [*encoder.segmenter.cut_tokens[:4], ""]:
+            answer = f"see {cut} here"
+            assert encoder.encode_output(answer) == full(model, answer)
+            assert encoder.encode_output("") == []
+            messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": answer}]
+            text = render(model, messages)
+            assert encoder.encode(text) == full(model, text)
+            assert encoder.encode(answer) == full(model, answer)
 
     def test_second_cut_only_for_new_gaps(self, loaded, encoders):
         """DeepSeek's turn markers are normalized tokens: a gap of the first cut
