@@ -201,7 +201,8 @@ class TestReuse:
     def test_where_each_template_puts_an_answer(self, encoders):
         assert (encoders["deepseek"].answer_prefix, encoders["deepseek"].answer_suffix) == ("", "")
         assert (encoders["chatml"].answer_prefix, encoders["chatml"].answer_suffix) == (
-            "assistant\n", ""
+            "assistant\n",
+            "",
         )
 
     def test_a_failing_template_keeps_no_answers(self, loaded, encoders):
