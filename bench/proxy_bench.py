@@ -193,8 +193,10 @@ class Frontend:
 
     @classmethod
     async def start(cls, kind: str, scratch: Path, *, pace: tuple[float, float] | None,
-                    speedup: float, cpus: str | None) -> Frontend:  # fmt: skip
-        """Start the built-in frontend or Dynamo; returns once it answers."""
+                    speedup: float, cpus: str | None,
+                    dynamo_env: dict[str, str] | None = None) -> Frontend:  # fmt: skip
+        """Start the built-in frontend or Dynamo (``dynamo_env``: its frontend's extra
+        environment); returns once it answers."""
         self = cls(kind)
         if kind == "builtin":
             port = reserve_port()
@@ -211,13 +213,16 @@ class Frontend:
                 f" (ttft {pace[0]:g} ms, itl {pace[1]:g} ms)" if pace else " (no pacing)"
             )
         else:
-            self._dynamo = await start_dynamo(MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup)
+            self._dynamo = await start_dynamo(MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup,
+                                              extra_frontend_env=dynamo_env)  # fmt: skip
             self.url = self._dynamo.base_url
             self.pids = {"frontend": self._dynamo.frontend.pid, "engine": self._dynamo.mocker.pid}
             if cpus is not None:
                 for pid in self.pids.values():
                     pin(pid, cpus)
             self.label = f"Dynamo 1.6.1 frontend + mocker (--speedup-ratio {speedup:g})"
+            if dynamo_env:
+                self.label += ", frontend " + " ".join(f"{k}={v}" for k, v in dynamo_env.items())
         return self
 
     def stop(self) -> None:
@@ -939,6 +944,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--answers", choices=("synthetic", "frontend"), default="synthetic",
                         help="multiturn: resend the bench's answers (8 tokens asked "
                              "for), or ask for as many and resend the frontend's")  # fmt: skip
+    parser.add_argument("--dynamo-tokenizer-cache", choices=("on", "off"), default="on",
+                        help="multiturn: Dynamo's own tokenizer prefix cache (off: "
+                             "DYN_TOKENIZER_CACHE=0, every prompt encoded in full)")  # fmt: skip
     parser.add_argument("--conversations", type=int, default=24,
                         help="multiturn: conversations per case and round")  # fmt: skip
     parser.add_argument("--processes", type=int,

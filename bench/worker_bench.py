@@ -232,7 +232,9 @@ async def _converse(
 
 async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
     n = args.conversations
-    frontend = await pb.Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None)
+    env = {"DYN_TOKENIZER_CACHE": "0"} if args.dynamo_tokenizer_cache == "off" else None
+    frontend = await pb.Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None,
+                                       dynamo_env=env)  # fmt: skip
     cases = {"incremental": {}, "full re-encode": {"tokenizer_cache_bytes": 0}}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
     try:
