@@ -335,7 +335,7 @@ class IncrementalEncoder:
     def learn_answer_gap(self, render: Callable[[dict[str, Any]], str]) -> None:
         """Where the chat template puts an answer: render a conversation whose
         assistant message is a marker and find the piece that holds it (DeepSeek:
-        the marker alone; ChatML: ``"assistant\n"`` before it). A template that
+        the marker alone; ChatML: ``"assistant\\n"`` before it). A template that
         fails, or renders the marker other than once inside one piece, keeps
         answers out of the cache."""
         self.answer_prefix = None
