@@ -20,6 +20,7 @@ its own ``seq``; the records share the request id and carry ``prompt_index``.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import re
 import time
@@ -252,8 +253,15 @@ class Joiner:
         pending.recorder = None
         model = self.models[pending.model]
         joined = [tap for part in parts for tap in part.joined]
+        # A chat request that names its session is a conversation whose next turn
+        # comes to this shard: the answer's ids are kept for it.
+        pre = pending.pre
+        conversation = (
+            pending.route is not Route.COMPLETIONS and pre is not None and bool(pre.agent_context)
+        )
         final = observed.finalize(
-            model.encode_output, token_ids=any(t.config.response.tokens for t in joined)
+            functools.partial(model.encode_output, conversation=conversation),
+            token_ids=any(t.config.response.tokens for t in joined),
         )
         self.check_prompt_tokens(pending, reported_prompt_tokens(observed.usage))
         if observed.first_token_offset_ns is not None:

@@ -374,16 +374,20 @@ class IncrementalEncoder:
         """Token ids of ``text`` without special tokens, identical to a full encode."""
         return self.encode_many([text])[0]
 
-    def encode_output(self, text: str) -> list[int]:
+    def encode_output(self, text: str, *, conversation: bool = True) -> list[int]:
         """A full encode of ``text`` (an answer's output). The piece the next turn
-        renders it into (``answer_prefix + text + answer_suffix``) is encoded and
-        kept too: that turn resends the answer as an assistant message. Exact
-        whatever the text: a gap or piece equal to the key encodes alone to these
-        very ids (module docstring, point 2), and any other text is another key.
-        When the prefix and suffix are empty (DeepSeek) the one encode serves both."""
+        renders it into (``answer_prefix + text + answer_suffix``) is kept too:
+        that turn resends the answer as an assistant message. Exact whatever the
+        text: a gap or piece equal to the key encodes alone to these very ids
+        (module docstring, point 2), and any other text is another key.
+
+        When the prefix and suffix are empty (DeepSeek) the one encode serves
+        both. Otherwise (ChatML) the piece is a second encode, worth it only if a
+        next turn is likely: ``conversation`` (the request named its session, so
+        that turn also comes to this shard) says so."""
         encode = self.tokenizer.encode_batch_fast
         prefix, suffix = self.answer_prefix, self.answer_suffix
-        if prefix is None or not text:
+        if prefix is None or not text or ((prefix or suffix) and not conversation):
             return encode([text], add_special_tokens=False)[0].ids
         if prefix or suffix:
             ids, piece_ids = (

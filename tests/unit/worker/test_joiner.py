@@ -8,13 +8,16 @@ import json
 import time
 from typing import Any
 
+import attrs
 import pytest
 
 from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
 from shadow_proxy.worker.joiner import Joiner
+from shadow_proxy.worker.request.incremental import IncrementalEncoder
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 from tests.support.client import chat_body
 from tests.support.servers import proxy_config
@@ -188,3 +191,32 @@ class TestPromptTokenCheck:
         joiner.handle(end(1, [event("a", finish="length")], head=HEAD))
         value = joiner.metrics.registry.get_sample_value
         assert value("shadow_prompt_token_checks_total", {"model": "deepseek"}) is None
+
+
+class TestAnswersKept:
+    """A chat request that names its session is a conversation: the ids the worker
+    encodes for its answer are kept for the next turn, which resends the answer.
+    ChatML wraps it ("assistant\\n" before it), so keeping is a second encode, not
+    done without a session."""
+
+    @pytest.fixture
+    def chatml(self, loaded: dict[str, LoadedModel]) -> dict[str, LoadedModel]:
+        model = loaded["chatml"]
+        encoder = IncrementalEncoder.for_tokenizer(model.backend)
+        encoder.learn_answer_gap(model.chat_template.render)
+        return {"chatml": attrs.evolve(model, prompt_encoder=encoder)}
+
+    @pytest.mark.parametrize(("session", "kept"), [(True, True), (False, False)])
+    def test_kept_only_for_a_conversation(self, chatml, session, kept) -> None:
+        tokens = {**JOINED_TAP, "response": {"tokens": True}}
+        joiner = Joiner(config(tokens), chatml)
+        frames = request(1, chat_body(model="chatml"))
+        if session:
+            frames += [engine_headers.pick([(b"x-dynamo-session-id", b"conv-1")]), b""]
+        joiner.handle(frames)
+        joiner.handle(chunks(1, [event("The answer"), event(" is 42.")], head=HEAD))
+        joiner.handle(end(1, [event(finish="stop"), b"data: [DONE]\n\n"]))
+        [replay] = records(joiner, "replay")
+        assert replay["response"]["outcome"] == "complete"
+        cache = chatml["chatml"].prompt_encoder.cache
+        assert (cache.get("assistant\nThe answer is 42.") is not None) is kept

@@ -198,6 +198,19 @@ class TestReuse:
         question = len(full(model, history[-2]["content"]))
         assert new < question + 20, (new, question)  # not the answer's 180 tokens again
 
+    def test_a_second_encode_only_for_conversations(self, loaded, encoders):
+        """ChatML wraps the answer ("assistant\\n" before it): keeping its piece is a
+        second encode, done only when the request named its session; DeepSeek's
+        piece is the answer itself, kept at no cost either way."""
+        chatml, deepseek = fresh(encoders["chatml"]), fresh(encoders["deepseek"])
+        answer = "a single-turn answer"
+        assert chatml.encode_output(answer, conversation=False) == full(loaded["chatml"], answer)
+        assert len(chatml.cache) == 0
+        chatml.encode_output(answer, conversation=True)
+        assert len(chatml.cache) == 1
+        deepseek.encode_output(answer, conversation=False)
+        assert len(deepseek.cache) == 1
+
     def test_where_each_template_puts_an_answer(self, encoders):
         assert (encoders["deepseek"].answer_prefix, encoders["deepseek"].answer_suffix) == ("", "")
         assert (encoders["chatml"].answer_prefix, encoders["chatml"].answer_suffix) == (
