@@ -32,6 +32,10 @@ memory or its CPU without limit:
   of milliseconds of parsing) as well as between messages; past the bound, its
   response is not read further and the record carries what was read.
 
+A response read no further past any of these is not encoded at its end either
+(its kept text, up to the recorder's caps, could cost seconds): its record counts
+content chunks and carries no output token ids.
+
 The shard restarts itself between requests past ``worker.max_rss_mb``
 (``worker/pool.py``), every in-flight record accounted for.
 """

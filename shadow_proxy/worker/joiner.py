@@ -249,6 +249,9 @@ class Joiner:
                 for tap in part.joined:
                     tap.queue.drop("handoff_full")
             return
+        # A response read no further past a work budget is not encoded either:
+        # its text (up to the recorder's caps, megabytes) would cost seconds more.
+        cut = pending.recorder.gave_up is not None
         observed = pending.recorder.finish(end, offset, detail)
         pending.recorder = None
         model = self.models[pending.model]
@@ -260,7 +263,7 @@ class Joiner:
             pending.route is not Route.COMPLETIONS and pre is not None and bool(pre.agent_context)
         )
         final = observed.finalize(
-            functools.partial(model.encode_output, conversation=conversation),
+            None if cut else functools.partial(model.encode_output, conversation=conversation),
             token_ids=any(t.config.response.tokens for t in joined),
         )
         self.check_prompt_tokens(pending, reported_prompt_tokens(observed.usage))

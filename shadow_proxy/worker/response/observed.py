@@ -76,7 +76,7 @@ class ObservedResponse:
     dropped_chunk_offsets: int = 0
 
     def finalize(
-        self, encode: Callable[[str], list[int]], *, token_ids: bool = True
+        self, encode: Callable[[str], list[int]] | None, *, token_ids: bool = True
     ) -> FinalResponse:
         """Count (and, if ``token_ids``, list) each choice's output tokens; the one
         place that tokenizes. Call it once per request, then ``to_record`` per tap.
@@ -92,7 +92,9 @@ class ObservedResponse:
         was truncated (and has no upstream ids) counts at least its content
         chunks. With ``token_ids=False`` and usage present nothing is encoded.
         A failing ``encode`` is caught: the counts fall back to content chunks,
-        ``retokenize_error`` says why, and no token ids are given.
+        ``retokenize_error`` says why, and no token ids are given. ``encode=None``
+        (a response read no further past a work budget, whose text may be megabytes
+        of a bomb): nothing is encoded, counts are content chunks, no token ids.
         """
         usage = self.usage or {}
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
@@ -113,7 +115,9 @@ class ObservedResponse:
                 continue
             need_ids = token_ids or not has_usage
             retokenized: Sequence[int] | None = None
-            if need_ids and choice.text and failure is None:
+            if need_ids and choice.text and encode is None:
+                pass  # counted by chunks below
+            elif need_ids and choice.text and failure is None:
                 try:
                     retokenized = encode(choice.text)
                 except Exception as exc:  # a tokenizer failure must not lose the record
@@ -142,6 +146,8 @@ class ObservedResponse:
             upstream = any(c.upstream_token_ids is not None for c in self.choices)
             retokenized_any = any(c.upstream_token_ids is None and c.text for c in self.choices)
             source = "upstream" if upstream and not retokenized_any else "retokenized"
+            if encode is None and retokenized_any:
+                source = "upstream" if upstream else None
         if has_usage:
             output_source: str | None = "usage"
         else:

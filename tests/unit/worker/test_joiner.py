@@ -220,3 +220,33 @@ class TestAnswersKept:
         assert replay["response"]["outcome"] == "complete"
         cache = chatml["chatml"].prompt_encoder.cache
         assert (cache.get("assistant\nThe answer is 42.") is not None) is kept
+
+
+class TestCutResponses:
+    """A response read no further past a work budget is not encoded either (its text
+    can be megabytes of a bomb): counts come from content chunks, no token ids."""
+
+    def test_cut_by_the_events_bound(self, models) -> None:
+        tokens = {**JOINED_TAP, "response": {"tokens": True, "text": True}}
+        joiner = Joiner(config(tokens), models)
+        joiner.handle(request(1, chat_body()))  # max_tokens 4: 4 x 4 + 256 events
+        joiner.handle(chunks(1, [event("word ")] * 300, head=HEAD))
+        joiner.handle(end(1, [event(finish="length"), b"data: [DONE]\n\n"]))
+        [replay] = records(joiner, "replay")
+        response = replay["response"]
+        assert response["outcome"] == "incomplete" and "events" in response["error"]
+        [choice] = response["choices"]
+        assert "token_ids" not in choice and choice["truncated"] is True
+        assert choice["output_tokens"] == 272  # content chunks read
+        assert response["output_tokens_source"] == "chunks"
+        assert "token_ids_source" not in response
+
+    def test_whole_responses_are_encoded(self, models) -> None:
+        tokens = {**JOINED_TAP, "response": {"tokens": True}}
+        joiner = Joiner(config(tokens), models)
+        joiner.handle(request(1, chat_body()))
+        joiner.handle(chunks(1, [event("word ")] * 4, head=HEAD))
+        joiner.handle(end(1, [event(finish="length"), b"data: [DONE]\n\n"]))
+        [replay] = records(joiner, "replay")
+        [choice] = replay["response"]["choices"]
+        assert choice["token_ids"] and replay["response"]["token_ids_source"] == "retokenized"
