@@ -6,6 +6,7 @@ import json
 import random
 import tracemalloc
 from array import array
+from collections.abc import Callable
 
 import attrs
 import pytest
@@ -160,6 +161,27 @@ class TestExactOnTemplatedConversations:
         assert encoder.encode_many(texts) == [full(model, text) for text in texts]
 
 
+def converse(
+    model, encoder, turns: int, answer: Callable[[int], str], *, outputs: bool
+) -> tuple[list[int], str]:
+    """A conversation turn by turn through ``encoder`` (each prompt checked against a
+    full encode); ``outputs``: each answer also goes through ``encode_output``, as
+    the worker encodes it for its record. Returns the tokens each turn encoded,
+    and the last prompt."""
+    history = [{"role": "system", "content": "You are terse. " * 50}]
+    encoded = []
+    for turn in range(turns):
+        history.append({"role": "user", "content": f"question {turn} " * 20})
+        text = render(model, history)
+        before = encoder.encoded_tokens
+        assert encoder.encode(text) == full(model, text)
+        encoded.append(encoder.encoded_tokens - before)
+        if outputs:
+            assert encoder.encode_output(answer(turn)) == full(model, answer(turn))
+        history.append({"role": "assistant", "content": answer(turn)})
+    return encoded, text
+
+
 class TestReuse:
     """A conversation's next turn encodes only what is new."""
 
@@ -167,15 +189,8 @@ class TestReuse:
     def test_next_turn_encodes_only_new_segments(self, loaded, encoders, name):
         model = loaded[name]
         encoder = fresh(encoders[name])
-        history = [{"role": "system", "content": "You are terse. " * 50}]
-        for turn in range(6):
-            history.append({"role": "user", "content": f"question {turn} " * 40})
-            text = render(model, history)
-            before = encoder.encoded_tokens
-            assert encoder.encode(text) == full(model, text)
-            new = encoder.encoded_tokens - before
-            history.append({"role": "assistant", "content": f"answer {turn} " * 40})
-        assert new < len(full(model, text)) * 0.25
+        encoded, last = converse(model, encoder, 6, lambda t: f"answer {t} " * 40, outputs=False)
+        assert encoded[-1] < len(full(model, last)) * 0.25
         assert encoder.cache.hits > 0
         assert encoder.encoded_tokens < encoder.returned_tokens * 0.5
 
@@ -185,18 +200,13 @@ class TestReuse:
         the next turn, which resends it, encodes only the new user message."""
         model = loaded[name]
         encoder = fresh(encoders[name])
-        history = [{"role": "system", "content": "You are terse. " * 50}]
-        for turn in range(5):
-            history.append({"role": "user", "content": f"question {turn} " * 20})
-            text = render(model, history)
-            before = encoder.encoded_tokens
-            assert encoder.encode(text) == full(model, text)
-            new = encoder.encoded_tokens - before
-            answer = f"answer {turn}, at length: " + "and so on " * 60
-            assert encoder.encode_output(answer) == full(model, answer)
-            history.append({"role": "assistant", "content": answer})
-        question = len(full(model, history[-2]["content"]))
-        assert new < question + 20, (new, question)  # not the answer's 180 tokens again
+
+        def answer(turn: int) -> str:
+            return f"answer {turn}, at length: " + "and so on " * 60
+
+        encoded, _ = converse(model, encoder, 5, answer, outputs=True)
+        question = len(full(model, "question 4 " * 20))
+        assert encoded[-1] < question + 20, (encoded, question)  # not the answer's 180 again
 
     def test_a_second_encode_only_for_conversations(self, loaded, encoders):
         """ChatML wraps the answer ("assistant\\n" before it): keeping its piece is a
