@@ -187,7 +187,6 @@ class Joiner:
             n = pre.sampling_options.get("n") or 1
             options = [t.config.response for t in joined]
             caps = [o.max_tokens for o in options]
-            model = self.models.get(pre.model)
             pending.recorder = ResponseRecorder(
                 route,
                 n * len(parts),
@@ -198,7 +197,7 @@ class Joiner:
                 max_events=response_events(
                     n * len(parts),
                     pre.stop_conditions.get("max_tokens"),
-                    model.context_length if model is not None else None,
+                    self.models[pre.model].context_length,
                 ),
             )
         for part in parts:

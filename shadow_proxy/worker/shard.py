@@ -129,6 +129,7 @@ class ShardLoop:
         worker = config.worker
         self.bound = LagBound.from_seconds(worker.max_lag_s)
         self.max_cpu_s = worker.max_request_cpu_s
+        self.cpu_reason = f"work budget: over {self.max_cpu_s:g} s of CPU"
         self.max_rss_mb = worker.max_rss_mb
         #: When the shard last asked to be replaced; requests it has handled.
         self.retire_asked = 0.0
@@ -232,7 +233,7 @@ class ShardLoop:
         if recorder is None:
             return  # only the end matters (prompt-token check)
         if self.open[key] > self.max_cpu_s:
-            recorder.give_up(f"work budget: over {self.max_cpu_s:g} s of CPU", "cpu")
+            recorder.give_up(self.cpu_reason, "cpu")
             self._count_budget(key, recorder)
             return
         started = self.set_deadline(key, recorder)
@@ -275,7 +276,7 @@ class ShardLoop:
         Returns the thread CPU time now."""
         now = time.thread_time()
         recorder.cpu_deadline = now + self.max_cpu_s - self.open.get(key, 0.0)
-        recorder.cpu_reason = f"work budget: over {self.max_cpu_s:g} s of CPU"
+        recorder.cpu_reason = self.cpu_reason
         return now
 
     def _count_budget(self, key: bytes, recorder: Any) -> None:

@@ -115,9 +115,7 @@ class ObservedResponse:
                 continue
             need_ids = token_ids or not has_usage
             retokenized: Sequence[int] | None = None
-            if need_ids and choice.text and encode is None:
-                pass  # counted by chunks below
-            elif need_ids and choice.text and failure is None:
+            if need_ids and choice.text and encode is not None and failure is None:
                 try:
                     retokenized = encode(choice.text)
                 except Exception as exc:  # a tokenizer failure must not lose the record

@@ -209,7 +209,7 @@ class ResponseRecorder:
             self._problem = clip(f"corrupt {self._encoding} body: {exc}")
             self._body = None
 
-    def give_up(self, reason: str, budget: str = "cpu") -> None:
+    def give_up(self, reason: str, budget: str) -> None:
         """Read no more of the body (``budget`` is spent): the record carries what
         was read so far, its outcome ``incomplete`` with ``reason`` unless the
         response had already failed or finished."""

@@ -51,3 +51,25 @@ class TestSources:
         assert rec["output_tokens_source"] == "upstream"
         assert rec["choices"][0]["token_ids"] == [7, 8]
         assert "truncated" not in rec["choices"][0]
+
+
+class TestNotEncoded:
+    """``finalize(None)`` (a response cut by a work budget): nothing is encoded and
+    nothing fails; counts are content chunks, no ids, upstream ids still kept."""
+
+    def observed(self, body: bytes):
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False)
+        recorder.head(200, "text/event-stream", "", 1)
+        recorder.feed(body, 2)
+        return recorder.finish(EndKind.CLEAN, 3, "")
+
+    def test_counted_by_chunks(self) -> None:
+        final = self.observed(sse(chunk("a b"), chunk(" c d"), chunk(" e"))).finalize(None)
+        assert final.retokenize_error is None
+        assert final.output_tokens == (3,) and final.output_tokens_source == "chunks"
+        assert final.token_ids == (None,) and final.token_ids_source is None
+
+    def test_upstream_ids_kept(self) -> None:
+        final = self.observed(sse(chunk("a", ids=[7]), chunk("b", "stop", ids=[8]))).finalize(None)
+        assert list(final.token_ids[0]) == [7, 8]
+        assert final.token_ids_source == "upstream" and final.retokenize_error is None
