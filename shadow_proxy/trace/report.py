@@ -23,8 +23,9 @@ def no_reuse(curves: dict[int, ReuseCurve]) -> str | None:
     if not curves or any(curve.hit_rate() > 0 for curve in curves.values()):
         return None
     sizes = ", ".join(str(size) for size in curves)
+    label = "block sizes" if len(curves) > 1 else "block size"
     return (
-        f"no prefix reuse at block sizes {sizes}: no request shares a whole block of "
+        f"no prefix reuse at {label} {sizes}: no request shares a whole block of "
         "its prompt's start with an earlier one"
     )
 
@@ -60,6 +61,7 @@ def plot(result: dict[str, dict[int, ReuseCurve]], path: Path, command: str) -> 
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     curves = result[ALL]
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), constrained_layout=True)
@@ -78,6 +80,8 @@ def plot(result: dict[str, dict[int, ReuseCurve]], path: Path, command: str) -> 
     note = no_reuse(curves)
     for axis, unit in zip(axes, ("blocks", "tokens"), strict=True):
         axis.set_xscale("log")
+        # Labelled decades only: minor labels (2x10^1, 3x10^1, ...) run into each other.
+        axis.xaxis.set_minor_formatter(NullFormatter())
         if note:  # nothing to draw: say so, over the range the prompts' blocks span
             smallest = min(curves)
             prompt_blocks = max(c.prompt_tokens for c in curves.values()) // smallest

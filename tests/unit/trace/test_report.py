@@ -74,6 +74,8 @@ class TestNoReuse:
         assert report.no_reuse(NO_REUSE[ALL]) is not None
         assert report.no_reuse(RESULT[ALL]) is None
         assert report.no_reuse({}) is None
+        one = report.no_reuse({512: curve(512, 3, 64, [0])})
+        assert one is not None and one.startswith("no prefix reuse at block size 512:")
 
     def test_plot_written(self, tmp_path) -> None:
         path = tmp_path / "none.png"
