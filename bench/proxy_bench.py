@@ -472,20 +472,26 @@ class RssSampler:
 async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: LoadSpec,
                    warmup: LoadSpec, isolate: bool, worker: dict[str, Any] | None = None,
                    settle_s: float = 0.0, side: Side | None = None) -> dict[str, Any]:  # fmt: skip
-    """One run of ``case``; ``side(url, stop)``, if given, runs beside the measured
-    load until ``stop`` is set (the hostile regime's traffic) and what it returns
-    is the run's ``side``."""
+    """One run of ``case``; ``side(url, ready, stop)``, if given, runs beside the
+    measured load until ``stop`` is set (the hostile regime's traffic) and what it
+    returns is the run's ``side``. It starts before the warm-up and the measured load
+    waits until it has set ``ready`` (its traffic under way): its own start-up (a
+    Python process building its bodies) is not what the case measures."""
     setup = await Setup.start(case, frontend, scratch, isolate, worker)
+    beside = None
     try:
         url_spec = {"url": setup.url}
+        stop, ready = asyncio.Event(), asyncio.Event()
+        if side:
+            beside = asyncio.create_task(side(setup.url, ready, stop))
         await run_load(_with(warmup, **url_spec))
+        if beside:
+            await _side_ready(beside, ready)
         rss_before = {role: _rss(role, pid) for role, pid in setup.pids.items()}
         cpu_before = {role: _cpu(role, pid) for role, pid in setup.pids.items()}
         own_before = time.process_time()
         lag_before = lag_buckets(setup.lag_url)
         with RssSampler(setup.pids) as sampler:
-            stop = asyncio.Event()
-            beside = asyncio.create_task(side(setup.url, stop)) if side else None
             try:
                 report = await run_load(_with(spec, **url_spec))
             finally:
@@ -500,6 +506,8 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: Loa
         metrics_text = get_text(setup.lag_url) if setup.lag_url else ""
         consumers = setup.finish_consumers()
     finally:
+        if beside and not beside.done():
+            beside.cancel()
         setup.stop()
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
     cpu["loadgen"] = own
@@ -516,8 +524,24 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: Loa
     }
 
 
-#: Traffic beside a case's measured load: ``side(url, stop)`` until ``stop`` is set.
-Side = Callable[[str, asyncio.Event], Awaitable[Any]]
+#: Traffic beside a case's measured load: ``side(url, ready, stop)`` sets ``ready``
+#: once its traffic is under way and runs until ``stop`` is set.
+Side = Callable[[str, asyncio.Event, asyncio.Event], Awaitable[Any]]
+
+#: How long a side may take to get its traffic under way.
+SIDE_READY_TIMEOUT_S = 60.0
+
+
+async def _side_ready(beside: asyncio.Task, ready: asyncio.Event) -> None:
+    """Until ``ready`` is set; a side that ended or failed first raises here."""
+    waiter = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait({beside, waiter}, timeout=SIDE_READY_TIMEOUT_S,
+                                 return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    waiter.cancel()
+    if not ready.is_set():
+        if beside in done:
+            beside.result()
+        raise RuntimeError(f"the side traffic was not under way in {SIDE_READY_TIMEOUT_S:g} s")
 
 
 def _cpu(role: str, pid: int) -> float:
@@ -999,13 +1023,19 @@ def main(argv: list[str] | None = None) -> int:
                     parts.append(asyncio.run(run_regime(regime, kind, options, scratch)))
         result = {"regime": regime, "started": started, "command": command, "machine": info,
                   "parts": parts}  # fmt: skip
+        stem = args.output / f"{started}-{regime}"
         if regime in WORKER_REGIMES:
-            from bench import worker_bench
+            from bench import plots, worker_bench
 
+            for i, part in enumerate(parts):
+                data = part.pop(worker_bench.PLOT, None)
+                if data:
+                    png = stem.parent / f"{stem.name}-ttft{f'-{i}' if i else ''}.png"
+                    title = f"{regime}: {part['frontend']}"
+                    part["plot"] = plots.ttft(png, data, command, title).name
             text = worker_bench.markdown(result, command)
         else:
             text = markdown(result, command)
-        stem = args.output / f"{started}-{regime}"
         stem.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str) + "\n")
         stem.with_suffix(".md").write_text(text)
         latest = args.output / "latest.md"

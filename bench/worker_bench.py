@@ -374,43 +374,61 @@ MAIN_ALLOWANCE_MB = 512
 HOSTILE_INTERVAL_S = 1.0
 
 
-def hostile_requests() -> list[tuple[str, bytes, dict[str, str]]]:
-    """(kind, body, headers) of each hostile request, in the order they are sent."""
-    rng = random.Random(18)
-    long_prompt = json.dumps({
-        "model": pb.MODEL_NAME, "stream": True,
-        "messages": [{"role": "user", "content": make_prompt(rng, 1_200_000)[: 7 << 20]}],
-    }).encode()  # fmt: skip
+def hostile_requests(kinds: list[str] | None = None) -> list[tuple[str, bytes, dict[str, str]]]:
+    """(kind, body, headers) of each hostile request, in the order they are sent;
+    ``kinds``: the first word of each kind to build (all when empty)."""
     bomb = {
         "model": pb.MODEL_NAME, "stream": True,
         "messages": [{"role": "user", "content": "a bomb, please"}],
     }  # fmt: skip
     rejected = {"x-mock-fault": "status=400"}
     bombing = {"x-mock-fault": "gzip-bomb=256", "Accept-Encoding": "gzip"}
-    return [
-        ("62 MB of tools", many_tools(pb.MODEL_NAME, 600, 1000), rejected),
+
+    def long_prompt() -> bytes:
+        content = make_prompt(random.Random(18), 1_200_000)[: 7 << 20]
+        messages = [{"role": "user", "content": content}]
+        return json.dumps({"model": pb.MODEL_NAME, "stream": True, "messages": messages}).encode()
+
+    builders = [
+        ("62 MB of tools", lambda: many_tools(pb.MODEL_NAME, 600, 1000), rejected),
         # max_tokens 4: read for 272 events (worker/budget.py, response_events).
-        ("256 MiB gzip bomb", json.dumps({**bomb, "max_tokens": 4}).encode(), bombing),
+        ("256 MiB gzip bomb", lambda: json.dumps({**bomb, "max_tokens": 4}).encode(), bombing),
         ("7 MiB prompt", long_prompt, rejected),
         # No max_tokens: 131k events by the context length, or the CPU budget.
-        ("256 MiB gzip bomb, no max_tokens", json.dumps(bomb).encode(), bombing),
-    ]
+        ("256 MiB gzip bomb, no max_tokens", lambda: json.dumps(bomb).encode(), bombing),
+    ]  # fmt: skip
+    return [(kind, build(), headers) for kind, build, headers in builders
+            if not kinds or kind.split()[0] in kinds]  # fmt: skip
+
+
+#: What the hostile sender prints once its bodies are built and it starts sending.
+READY = b"sending\n"
 
 
 def hostile_traffic(kinds: list[str]) -> pb.Side:
     """Run ``python -m bench.worker_bench URL`` (the hostile sender, a process of its
-    own so that the load generator's loop measures undisturbed) until told to stop;
-    then wait until the worker has published or dropped everything (its taps'
-    seqs still for 3 s) and return what each hostile kind got back."""
+    own so that the load generator's loop measures undisturbed); ``ready`` once it
+    has built its bodies and starts sending, until told to stop; then wait until the
+    worker has published or dropped everything (its taps' seqs still for 12 s) and
+    return what each hostile kind got back."""
 
-    async def side(url: str, stop: asyncio.Event) -> dict[str, Any]:
+    async def side(url: str, ready: asyncio.Event, stop: asyncio.Event) -> dict[str, Any]:
         sender = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.worker_bench", url, *kinds, stdout=asyncio.subprocess.PIPE,
             cwd=pb.REPO,
         )  # fmt: skip
-        await stop.wait()
-        sender.send_signal(signal.SIGTERM)
-        out, _ = await sender.communicate()
+        try:
+            assert sender.stdout is not None
+            if await sender.stdout.readline() != READY:
+                raise RuntimeError("the hostile sender ended before sending")
+            ready.set()
+            await stop.wait()
+            sender.send_signal(signal.SIGTERM)
+            out, _ = await sender.communicate()
+        finally:
+            if sender.returncode is None:
+                sender.kill()
+                await sender.wait()
         await _settled(url)
         return json.loads(out or b"{}")
 
@@ -433,21 +451,26 @@ async def _settled(url: str, quiet_s: float = 12.0, timeout_s: float = 300.0) ->
 
 async def _warm_bomb(url: str) -> None:
     """The built-in frontend compresses a bomb once per size: not in a measured run."""
-    kind, body, headers = hostile_requests()[-1]
+    kind, body, headers = hostile_requests(["256"])[-1]
     headers = {"Content-Type": "application/json", **headers}
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
             await r.read()
 
 
-async def send_hostile(url: str, kinds: list[str]) -> dict[str, dict[str, str | int]]:
-    """The hostile requests in turn, one at a time, until SIGTERM; counts per answer.
-    ``kinds``: the first word of each kind to send (all when empty)."""
-    requests = [r for r in hostile_requests() if not kinds or r[0].split()[0] in kinds]
+async def send_hostile(url: str, kinds: list[str]) -> dict[str, Any]:
+    """The hostile requests in turn, one at a time, until SIGTERM: the counts per
+    answer of each kind (``answers``) and when each was sent (``times``: kind and
+    ``time.monotonic()``). ``kinds``: the first word of each kind to send (all when
+    empty). Prints ``READY`` once the bodies are built."""
+    requests = hostile_requests(kinds)
     sent: dict[str, dict[str, Any]] = {kind: {} for kind, _, _ in requests}
+    times: list[tuple[str, float]] = []
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     timeout = aiohttp.ClientTimeout(total=120)
+    sys.stdout.buffer.write(READY)
+    sys.stdout.flush()
     async with aiohttp.ClientSession(auto_decompress=False, timeout=timeout) as session:
         i = 0
         start = time.monotonic()
@@ -460,6 +483,7 @@ async def send_hostile(url: str, kinds: list[str]) -> dict[str, dict[str, str | 
             kind, body, headers = requests[i % len(requests)]
             i += 1
             headers = {"Content-Type": "application/json", **headers}
+            times.append((kind, time.monotonic()))
             try:
                 async with session.post(url + "/v1/chat/completions", data=body,
                                         headers=headers) as r:  # fmt: skip
@@ -468,7 +492,7 @@ async def send_hostile(url: str, kinds: list[str]) -> dict[str, dict[str, str | 
             except (aiohttp.ClientError, TimeoutError) as exc:
                 status = type(exc).__name__
             sent[kind][status] = sent[kind].get(status, 0) + 1
-    return sent
+    return {"answers": sent, "times": times}
 
 
 async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
@@ -479,8 +503,13 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
     frontend = await pb.Frontend.start(kind, scratch, pace=pace, speedup=args.speedup, cpus=None)
     await _warm_bomb(frontend.url)
     worker = {"processes": processes, "max_rss_mb": MAX_RSS_MB}
+    # The senders start over one paced request's time: started at once, they run in
+    # step for about a second, in waves of `concurrency` arrivals, and those waves'
+    # 1.6% of the requests were the TTFT p99 of every case (20261202 diagnosis).
+    osl = args.osl or 16
     base = LoadSpec(url="", model=pb.MODEL_NAME, requests=requests, concurrency=concurrency,
-                    prompt_tokens=args.isl or 512, output_tokens=args.osl or 16)  # fmt: skip
+                    prompt_tokens=args.isl or 512, output_tokens=osl,
+                    ramp_s=(args.ttft_ms + osl * args.itl_ms) / 1000)  # fmt: skip
     side = hostile_traffic(args.hostile)
     cases = {"proxy+hostile": side, "taps": None, "taps+hostile": side}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
@@ -494,13 +523,13 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
                                         worker, side=cases[case])  # fmt: skip
                 runs[case].append(run)
                 print(f"[hostile] round {rnd + 1} {case}: {run['report'].summary()} "
-                      f"hostile: {run['side']}", flush=True)  # fmt: skip
+                      f"hostile: {(run['side'] or {}).get('answers')}", flush=True)  # fmt: skip
     finally:
         frontend.stop()
     summary = {c: pb.aggregate(r) for c, r in runs.items()}
     sent: dict[str, dict[str, int]] = {}
     for run in runs["taps+hostile"]:
-        for what, statuses in (run["side"] or {}).items():
+        for what, statuses in run["side"]["answers"].items():
             for status, n in statuses.items():
                 sent.setdefault(what, {})[status] = sent.setdefault(what, {}).get(status, 0) + n
     text = "".join(run["metrics"] for run in runs["taps+hostile"])
@@ -556,7 +585,28 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
     return {"regime": "hostile", "frontend": frontend.label, "requests": requests,
             "concurrency": concurrency, "processes": processes, "rounds": args.rounds,
             "cases": cases_out, "lag": lag, "hostile_sent": sent, "counted": counted,
-            "targets": targets}  # fmt: skip
+            "targets": targets, PLOT: _ttft_plot_data(runs)}  # fmt: skip
+
+
+#: A part's key for what ``plots.ttft`` draws; taken out before the JSON is written.
+PLOT = "_plot"
+
+
+def _ttft_plot_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Each case's TTFTs (ms, every round) and its first round's timeline: each
+    request's send time and TTFT, and when each hostile request was sent (seconds
+    from the start of the measured load)."""
+    out: dict[str, Any] = {"ttft_ms": {}, "timeline": {}, "hostile_at": {}}
+    for case, case_runs in runs.items():
+        timed = [[r for r in run["report"].results if r.ok and r.ttft_s is not None]
+                 for run in case_runs]  # fmt: skip
+        out["ttft_ms"][case] = [r.ttft_s * 1000 for results in timed for r in results]
+        out["timeline"][case] = [(r.sent_s, r.ttft_s * 1000) for r in timed[0]]
+        first = case_runs[0]
+        origin = first["report"].origin_monotonic
+        out["hostile_at"][case] = [(kind, t - origin) for kind, t in
+                                   (first["side"] or {}).get("times", [])]  # fmt: skip
+    return out
 
 
 # --------------------------------------------------------------------------- entry, output
@@ -583,6 +633,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
             cells = [_cell(values.get(k)) for k in _keys(part["cases"])]
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
+        if part.get("plot"):
+            out += [f"![time to first token: every round's tail, and round 1's timeline]"
+                    f"({part['plot']})", ""]  # fmt: skip
         if part.get("lag"):
             out.append("| tap | record lag p99 s | published | dropped late |")
             out.append("|---|---:|---:|---:|")

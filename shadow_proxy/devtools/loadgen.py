@@ -77,6 +77,11 @@ class LoadSpec:
     #: Tokens per word of the prompt's word list with the model's tokenizer
     #: (``tokens_per_word_of``): ``prompt_tokens`` counts tokens, not words.
     tokens_per_word: float = 1.0
+    #: Seconds over which the ``concurrency`` senders start, evenly spaced (0: all
+    #: at once). All at once, their requests run in step for the first second or
+    #: so: waves of ``concurrency`` arrivals that a p99 over a few thousand
+    #: requests reads instead of the steady state.
+    ramp_s: float = 0.0
 
     def cancels(self, index: int) -> bool:
         """Whether the client cancels request ``index`` (deterministic, spread over the run)."""
@@ -94,6 +99,8 @@ class Result:
     error: str | None = None
     ttft_s: float | None = None
     e2e_s: float = 0.0
+    #: When it was sent, in seconds from the start of the load.
+    sent_s: float = 0.0
     usage: dict[str, Any] | None = None
 
     @property
@@ -109,6 +116,9 @@ class Report:
     spec: LoadSpec
     results: list[Result]
     duration_s: float
+    #: ``time.monotonic()`` at the start of the load (``Result.sent_s`` counts from
+    #: it): events of other processes on the same clock can be put on its timeline.
+    origin_monotonic: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         """Counts, tokens, rate and latency percentiles (over the ok requests)."""
@@ -258,11 +268,12 @@ def _usage_from_sse(data: bytes) -> dict | None:
     return None
 
 
-async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body: bytes) -> Result:
+async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body: bytes,
+               load_started: float) -> Result:  # fmt: skip
     path = PATHS[spec.api]
-    result = Result(index)
     cancel = spec.cancels(index)
     started = time.perf_counter()
+    result = Result(index, sent_s=started - load_started)
     headers = {"Content-Type": "application/json", **spec.headers}
     try:
         if cancel and not spec.stream:
@@ -337,13 +348,15 @@ async def run_load(spec: LoadSpec) -> Report:
         connector=connector, timeout=timeout, auto_decompress=False
     ) as session:
 
-        async def work() -> None:
+        async def work(k: int) -> None:
+            if spec.ramp_s > 0:
+                await asyncio.sleep(k * spec.ramp_s / spec.concurrency)
             while not queue.empty():
                 index = queue.get_nowait()
-                results.append(await _one(session, spec, index, bodies[index]))
+                results.append(await _one(session, spec, index, bodies[index], started))
 
-        started = time.perf_counter()
-        await asyncio.gather(*(work() for _ in range(spec.concurrency)))
+        started, origin = time.perf_counter(), time.monotonic()
+        await asyncio.gather(*(work(k) for k in range(spec.concurrency)))
         duration = time.perf_counter() - started
     results.sort(key=lambda r: r.index)
-    return Report(spec, results, duration)
+    return Report(spec, results, duration, origin)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from shadow_proxy.devtools.frontend import MockConfig, serve_mock_frontend
@@ -94,3 +95,17 @@ class TestRun:
                             prompt_tokens=20, output_tokens=2, api=api)  # fmt: skip
             report = await run_load(spec)
         assert all(r.ok and r.ttft_s is not None and r.ttft_s >= 0.08 for r in report.results)
+
+    async def test_ramp(self, model_dirs: dict[str, Path]) -> None:
+        """Senders start spread evenly over ``ramp_s``; without it, all at once (each
+        request outlasts the ramp, so that each is sent by a sender of its own)."""
+        config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, ttft_ms=700)
+        async with serve_mock_frontend(config) as (url, _):
+            spec = LoadSpec(url=url, model="deepseek", requests=4, concurrency=4,
+                            prompt_tokens=20, output_tokens=2)  # fmt: skip
+            at_once = await run_load(spec)
+            ramped = await run_load(attrs.evolve(spec, ramp_s=0.6))
+        assert all(r.ok for r in at_once.results + ramped.results)
+        assert max(r.sent_s for r in at_once.results) < 0.1
+        sent = sorted(r.sent_s for r in ramped.results)
+        assert all(0.15 * k <= t < 0.15 * k + 0.1 for k, t in enumerate(sent)), sent
