@@ -45,10 +45,10 @@ The tap worker's CPU and RSS are its main's and its shards' together.
 
 ``--profile`` adds one unmeasured run of the ``taps`` case with py-spy
 attached to the serving process and to the tap worker, and reports their top
-functions. Results go to ``bench/results/<timestamp>-<regime>.{json,md}`` and
-``bench/results/latest.md`` (the newest run's tables; untracked, in
-.gitignore: a run never rewrites a committed file; commit the timestamped
-files you mean to keep).
+functions. Results go to ``bench/results/<timestamp>-<regime>.{json,md}`` (and
+``-ttft.png`` for ``hostile``) and ``bench/results/latest.md`` (the newest run's
+tables; untracked, in .gitignore: a run never rewrites a committed file; commit
+the timestamped files you mean to keep).
 """
 
 from __future__ import annotations

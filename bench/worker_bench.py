@@ -27,6 +27,10 @@
   ``processes x worker.max_rss_mb`` + 512 MiB; the other clients' latency with
   two taps against none (both beside the hostile traffic) and their records'
   lag stay within the isolation bounds and twice a request's CPU budget.
+  The load's senders start over one paced request's time (``LoadSpec.ramp_s``)
+  and the hostile sender is under way before the measured load: started at once,
+  the senders' first waves were every case's TTFT p99. ``<stem>-ttft.png`` draws
+  each case's TTFT tail and round 1 as a timeline with the hostile requests marked.
 """
 
 from __future__ import annotations
