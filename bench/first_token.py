@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench.proxy_bench import MODEL_DIR, MODEL_NAME, RESULTS, machine, start_proxy
 from shadow_proxy.devtools.dynamo import start_dynamo
+from shadow_proxy.devtools.loadgen import first_bytes_ms
 
 SPEEDUP = 2.0
 GAP_S = 0.01
@@ -38,21 +37,11 @@ GAP_S = 0.01
 
 async def first_token_ms(url: str, requests: int, *, fresh: bool) -> float:
     """Median time to the first body bytes of ``requests`` sequential streams."""
-    times = []
-    connector = aiohttp.TCPConnector(force_close=fresh)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for k in range(requests):
-            body = {"model": MODEL_NAME, "max_tokens": 8, "stream": True,
-                    "messages": [{"role": "user", "content": "x " * (10 + 20 * k)}]}  # fmt: skip
-            started = time.perf_counter()
-            first = None
-            async with session.post(url + "/v1/chat/completions", json=body) as response:
-                async for _chunk in response.content.iter_any():  # read to the end: reusable
-                    first = first or time.perf_counter() - started
-            if first is not None:
-                times.append(first * 1000)
-            await asyncio.sleep(GAP_S)
-    return statistics.median(times)
+    bodies = ({"model": MODEL_NAME, "max_tokens": 8, "stream": True,
+               "messages": [{"role": "user", "content": "x " * (10 + 20 * k)}]}
+              for k in range(requests))  # fmt: skip
+    url += "/v1/chat/completions"
+    return statistics.median(await first_bytes_ms(url, bodies, fresh=fresh, gap_s=GAP_S))
 
 
 async def measure(requests: int, scratch: Path) -> list[dict[str, Any]]:

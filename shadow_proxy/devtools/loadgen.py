@@ -29,6 +29,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import aiohttp
@@ -360,3 +361,25 @@ async def run_load(spec: LoadSpec) -> Report:
         duration = time.perf_counter() - started
     results.sort(key=lambda r: r.index)
     return Report(spec, results, duration, origin)
+
+
+async def first_bytes_ms(url: str, bodies: Iterable[dict[str, Any]], *, fresh: bool,
+                         gap_s: float = 0.01) -> list[float]:  # fmt: skip
+    """Milliseconds from sending each body (a JSON POST to ``url``) to its
+    response's first body bytes, one request at a time with ``gap_s`` between,
+    on one kept-alive connection or, with ``fresh``, a new connection each. Each
+    response is read to its end, so that a kept-alive connection is reused; one
+    without body bytes gives no time."""
+    times = []
+    connector = aiohttp.TCPConnector(force_close=fresh)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for body in bodies:
+            started = time.perf_counter()
+            first = None
+            async with session.post(url, json=body) as response:
+                async for _chunk in response.content.iter_any():
+                    first = first or time.perf_counter() - started
+            if first is not None:
+                times.append(first * 1000)
+            await asyncio.sleep(gap_s)
+    return times

@@ -19,13 +19,12 @@ import asyncio
 import socket
 import statistics
 import sys
-import time
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 
+from shadow_proxy.devtools.loadgen import first_bytes_ms
 from shadow_proxy.replay.client import CandidateClient
 from shadow_proxy.replay.request import CandidateRequest
 from tests.support.servers import proxy_config, run_proxy, serve
@@ -72,18 +71,8 @@ BODY = {"model": "m", "prompt": "hi", "max_tokens": 2, "stream": True}
 async def first_chunk_ms(url: str, *, fresh: bool) -> float:
     """Median time to the first body bytes over ``REQUESTS`` requests, on one
     kept-alive connection or on a fresh connection each."""
-    times = []
-    connector = aiohttp.TCPConnector(force_close=fresh)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(REQUESTS):
-            started = time.perf_counter()
-            first = None
-            async with session.post(url + "/v1/completions", json=BODY) as response:
-                async for _chunk in response.content.iter_any():
-                    first = first or time.perf_counter() - started
-            assert first is not None
-            times.append(first * 1000)
-            await asyncio.sleep(0.01)
+    times = await first_bytes_ms(url + "/v1/completions", [BODY] * REQUESTS, fresh=fresh)
+    assert len(times) == REQUESTS
     return statistics.median(times)
 
 
