@@ -10,9 +10,10 @@ bodies went through, with and without taps alike.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
+
+from shadow_proxy.replay.report import command_footer
 
 #: One colour per case, in the order the regime runs them.
 _COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
@@ -68,9 +69,8 @@ def ttft(path: Path, data: dict[str, Any], command: str, title: str) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", framealpha=0.9)
     fig.suptitle(title)
-    text = "\n".join(textwrap.wrap(f"produced by: {command}", 160)[:2])
-    fig.text(0.01, 0.01, text, fontsize=7, family="monospace", va="bottom")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
+    command_footer(fig, command)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

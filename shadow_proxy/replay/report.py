@@ -178,7 +178,8 @@ def _pcts(p: Mapping[str, float] | None) -> str:
 # --------------------------------------------------------------------------- plots
 
 
-def _footer(fig: Any, command: str) -> None:
+def command_footer(fig: Any, command: str) -> None:
+    """The command that produced the figure, at its foot (leave the bottom 6% free)."""
     text = "\n".join(textwrap.wrap(f"produced by: {command}", 150)[:3])
     fig.text(0.01, 0.01, text, fontsize=7, family="monospace", va="bottom")
 
@@ -215,7 +216,7 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
         if drawn:  # a legend without lines is a warning (a run with nothing replayed)
             ax.legend(fontsize=8, loc="lower right")
     fig.suptitle("Latency distributions (ECDF)")
-    _footer(fig, command)
+    command_footer(fig, command)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     fig.savefig(out_dir / LATENCY_PNG, dpi=100)
     plt.close(fig)
@@ -243,7 +244,7 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
     ax.set_xlabel("first divergent position (token, or character without token ids)")
     ax.set_ylabel("requests")
     ax.set_title("Where outputs first differ from the primary's")
-    _footer(fig, command)
+    command_footer(fig, command)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(out_dir / DIVERGENCE_PNG, dpi=100)
     plt.close(fig)
