@@ -77,7 +77,25 @@ class TestNoReuse:
         one = report.no_reuse({512: curve(512, 3, 64, [0])})
         assert one is not None and one.startswith("no prefix reuse at block size 512:")
 
-    def test_plot_written(self, tmp_path) -> None:
+    def test_plot_says_so(self, tmp_path, monkeypatch) -> None:
+        """Each axis carries the note (the figure is caught as it is saved)."""
+        from matplotlib.figure import Figure
+
+        saved: list[Figure] = []
+        save = Figure.savefig
+
+        def keep(fig: Figure, *args, **kwargs) -> None:
+            saved.append(fig)
+            save(fig, *args, **kwargs)
+
+        monkeypatch.setattr(Figure, "savefig", keep)
         path = tmp_path / "none.png"
         report.plot(NO_REUSE, path, "shadow-trace analyze")
         assert path.read_bytes()[:4] == b"\x89PNG"
+        (fig,) = saved
+        notes = [[t.get_text() for t in axis.texts] for axis in fig.axes]
+        assert len(notes) == 2
+        assert all(len(n) == 1 and n[0].startswith("no prefix reuse at block sizes") for n in notes)
+        saved.clear()
+        report.plot(RESULT, tmp_path / "reuse.png", "shadow-trace analyze")
+        assert not any(axis.texts for axis in saved[0].axes)
