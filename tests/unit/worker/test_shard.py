@@ -182,3 +182,14 @@ class TestCpuBudget:
         loop.on_message(e(6))
         assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", [], True)]
         assert loop.budget_exceeded.labels("cpu")._value.get() == 1
+
+    def test_a_response_that_comes_whole_with_its_end(self, shard):
+        """A short response travels in the end message alone (no chunk message set a
+        deadline before): its decoding is held to the budget all the same."""
+        loop, main = shard
+        loop.on_message(q(7, time.monotonic_ns()))
+        sent(loop, main)
+        loop.open[hf.KEY.pack(7)] = 0.01
+        loop.on_message(e(7, [SSE], head=True))
+        assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", [], True)]
+        assert loop.budget_exceeded.labels("cpu")._value.get() == 1
