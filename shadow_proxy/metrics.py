@@ -1,7 +1,7 @@
 """Metric conventions shared by both processes (pure values).
 
 Each process builds its own metrics on its own registry: the serving loop's in
-``serving/metrics.py``, the tap worker's in ``worker/metrics.py`` (relayed to
+``serving/metrics.py``, the tap worker's in ``worker/shard/metrics.py`` (relayed to
 the serving process as snapshots, ``channel/control.py``). Label values come
 from fixed vocabularies, never from the client.
 """

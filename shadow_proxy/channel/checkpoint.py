@@ -1,7 +1,7 @@
 """The tap worker's publishing state, kept where a SIGKILL cannot take it.
 
 Written by the worker's main (the one process that takes seqs and sends on tap
-sockets, ``worker/main.py``); read by the serving process after that worker
+sockets, ``worker/main/loop.py``); read by the serving process after that worker
 died (``serving/handoff.py``). Pure apart from the mapped file: no aiohttp, no
 zmq.
 

@@ -1,7 +1,7 @@
 """The hand-off frames, serving loop -> tap worker (see docs/INTERNALS.md).
 
 Pure functions and ``struct`` layouts; the sockets live in
-``serving/handoff.py`` (sender) and ``worker/main.py`` (receiver). Every message
+``serving/handoff.py`` (sender) and ``worker/main/loop.py`` (receiver). Every message
 is a few frames; the first is a one-byte kind, the request's 8-byte key (a
 counter of the serving process, never the client's id) and the kind's meta:
 

@@ -32,8 +32,8 @@ from prometheus_client import CollectorRegistry
 from shadow_proxy.channel import control
 from shadow_proxy.channel.checkpoint import read_checkpoint
 from shadow_proxy.config import Config
+from shadow_proxy.lifeline import worker_entry
 from shadow_proxy.serving.handoff import Handoff
-from shadow_proxy.serving.lifeline import worker_entry
 from shadow_proxy.serving.logs import RateLimited
 from shadow_proxy.serving.metrics import ProxyMetrics, WorkerMetricsRelay
 
@@ -49,7 +49,7 @@ LIVENESS_S = 0.5
 DROP_LOG_INTERVAL_S = 60.0
 #: The worker process's main, named by its import path: the serving process
 #: never imports the worker side (tokenizers, templates); the spawned child does.
-WORKER_MAIN = ("shadow_proxy.worker.main", "run")
+WORKER_MAIN = ("shadow_proxy.worker.main.loop", "run")
 
 
 class StartupError(RuntimeError):
@@ -102,7 +102,7 @@ class Taps:
         self.handoff.generation += 1
         spawn = multiprocessing.get_context("spawn")
         process = spawn.Process(
-            # A child never outlives its parent (serving/lifeline.py).
+            # A child never outlives its parent (lifeline.py).
             target=worker_entry,
             args=(
                 WORKER_MAIN,

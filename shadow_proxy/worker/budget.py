@@ -37,7 +37,7 @@ A response read no further past any of these is not encoded at its end either
 content chunks and carries no output token ids.
 
 The shard restarts itself between requests past ``worker.max_rss_mb``
-(``worker/pool.py``), every in-flight record accounted for.
+(``worker/main/pool.py``), every in-flight record accounted for.
 """
 
 from __future__ import annotations

@@ -664,11 +664,11 @@ class TestMetricNames:
             from prometheus_client import CollectorRegistry
 
             from shadow_proxy.serving.metrics import ProxyMetrics
-            from shadow_proxy.worker.metrics import WorkerMetrics
-            from shadow_proxy.worker.publishers.jetstream_metrics import (
+            from shadow_proxy.worker.main.publishers.jetstream_metrics import (
                 JetStreamMetrics,
                 LinkStats,
             )
+            from shadow_proxy.worker.shard.metrics import WorkerMetrics
         except ImportError as e:
             pytest.skip(f"shadow_proxy metrics cannot be imported: {e}")
         registry = CollectorRegistry()

@@ -30,7 +30,7 @@ from shadow_proxy.devtools.nats_server import NatsCluster
 from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.serving.app import TAPS
 from shadow_proxy.serving.supervisor import StartupError
-from shadow_proxy.worker.publishers.jetstream import PENDING_BYTES
+from shadow_proxy.worker.main.publishers.jetstream import PENDING_BYTES
 from tests.integration.jetstream_helpers import (
     REFERENCE_TAPS,
     consumer_cli,

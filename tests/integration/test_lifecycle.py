@@ -25,7 +25,7 @@ import pytest
 from aiohttp import web
 
 from shadow_proxy.devtools.processes import bound_socket, reserve_port, wait_until
-from shadow_proxy.serving.lifeline import EXIT_AFTER_S
+from shadow_proxy.lifeline import EXIT_AFTER_S
 from tests.integration.harness import (
     Proxy,
     alive,

@@ -10,8 +10,8 @@ from typing import Any
 from shadow_proxy.config import Config
 from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.wire import decode_envelope, encode_envelope
-from shadow_proxy.worker.publishers.jetstream import JetStreamLink
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
+from shadow_proxy.worker.main.tap_queue import TapQueue
 from tests.support.nats import stream_records
 
 MODEL = "deepseek"

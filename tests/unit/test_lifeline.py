@@ -1,4 +1,4 @@
-"""A child never outlives its parent (issue 17 item 3; serving/lifeline.py).
+"""A child never outlives its parent (issue 17 item 3; lifeline.py).
 
 A small parent process spawns a child through ``lifeline.worker_entry`` as
 the supervisor spawns the tap worker; the test SIGKILLs the parent and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shadow_proxy.serving.lifeline import EXIT_AFTER_S
+from shadow_proxy.lifeline import EXIT_AFTER_S
 from tests.integration.harness import alive
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,12 +45,12 @@ def stubborn(report: str) -> int:
 
 PARENT = textwrap.dedent("""\
     import multiprocessing, os, sys, time
-    from shadow_proxy.serving.lifeline import worker_entry
+    from shadow_proxy.lifeline import worker_entry
     if __name__ == "__main__":
         spawn = multiprocessing.get_context("spawn")
         child = spawn.Process(
             target=worker_entry,
-            args=(("tests.unit.serving.test_lifeline", sys.argv[1]), os.getpid(), sys.argv[2]),
+            args=(("tests.unit.test_lifeline", sys.argv[1]), os.getpid(), sys.argv[2]),
             daemon=True,
         )
         child.start()
@@ -65,7 +65,7 @@ def start(tmp_path: Path, main: str) -> tuple[subprocess.Popen, int, Path]:
         [sys.executable, "-c", PARENT, main, str(report)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[3],
+        cwd=Path(__file__).resolve().parents[2],
     )
     child = int(parent.stdout.readline())
     deadline = time.monotonic() + 30

@@ -3,7 +3,7 @@
 Spawned by the serving process (``serving/supervisor.py`` names this module's
 ``run`` by its import path, so the serving side never imports the worker).
 One thread, one loop, and none of the CPU-heavy work, which is the shards'
-(``worker/pool.py``, ``worker/shard.py``): whatever one request costs, the
+(``worker/main/pool.py``, ``worker/shard/loop.py``): whatever one request costs, the
 main keeps its one-second heartbeats.
 
 1. read the hand-off (the Unix socket the serving process listens on) and
@@ -11,7 +11,7 @@ main keeps its one-second heartbeats.
 2. read what the shards send: records (their seq taken here), losses,
    settles, metrics;
 3. checkpoint the taps' state and send what their queues hold
-   (``worker/publishing.py``);
+   (``worker/main/publishing.py``);
 4. every second: heartbeats, and a metrics snapshot (the shards' summed with
    the main's) to the serving process.
 
@@ -42,11 +42,11 @@ from shadow_proxy.channel import control
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.worker import priority
-from shadow_proxy.worker.metrics import WorkerMetrics
-from shadow_proxy.worker.pool import Pool
-from shadow_proxy.worker.publishers import curve
-from shadow_proxy.worker.publishing import RETRY_MS, Publishing, TapSocketError
-from shadow_proxy.worker.shards import default_processes
+from shadow_proxy.worker.main.pool import Pool
+from shadow_proxy.worker.main.publishers import curve
+from shadow_proxy.worker.main.publishing import RETRY_MS, Publishing, TapSocketError
+from shadow_proxy.worker.main.shards import default_processes
+from shadow_proxy.worker.shard.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def _jetstream_link(config: Config) -> Any:
     worker without NATS taps does not load nats-py."""
     if not any(tap.transport == "nats" for tap in config.taps):
         return None
-    from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+    from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
 
     return JetStreamLink.for_config(config)
 

@@ -1,8 +1,8 @@
 """The tap worker's shards, as its main sees them: spawn, route, account, replace.
 
-Runs in the worker's main process (``worker/main.py``). The CPU work (JSON,
+Runs in the worker's main process (``worker/main/loop.py``). The CPU work (JSON,
 templates, tokenizers, response parsing, envelopes) runs in N shard processes
-(``worker/shard.py``), so the worker scales with the cores it is given and the
+(``worker/shard/loop.py``), so the worker scales with the cores it is given and the
 main, which never does that work, keeps its one-second heartbeats whatever one
 request costs.
 
@@ -47,10 +47,10 @@ from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.channel.families import Totals
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind
-from shadow_proxy.worker import shard_wire as sw
+from shadow_proxy.worker import messages as sw
 from shadow_proxy.worker.lag import LagBound
-from shadow_proxy.worker.publishing import Publishing
-from shadow_proxy.worker.shards import OpenRequest, PoolMetrics, Shard, spawn_shard, write_out
+from shadow_proxy.worker.main.publishing import Publishing
+from shadow_proxy.worker.main.shards import OpenRequest, PoolMetrics, Shard, spawn_shard, write_out
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The tap worker's one authority over seqs: tap queues, publishers, checkpoints.
 
-Runs in the worker's main process (``worker/main.py``), the only process that
-takes a tap's ``seq`` and sends on its socket; the shards (``worker/shard.py``)
+Runs in the worker's main process (``worker/main/loop.py``), the only process that
+takes a tap's ``seq`` and sends on its socket; the shards (``worker/shard/loop.py``)
 hand it finished envelopes and losses. So every record and every loss of a tap
 passes here exactly once, whichever shard built it: ``next_seq = published +
 dropped + publish_errors + queued`` per tap, and a consumer's gap accounting
@@ -31,10 +31,10 @@ from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.config import Config
 from shadow_proxy.records.wire import Heartbeat
 from shadow_proxy.worker.lag import LagBound, late_counter, record_lag_histogram
-from shadow_proxy.worker.publishers import curve
-from shadow_proxy.worker.publishers.zeromq import Publisher
-from shadow_proxy.worker.shard_wire import with_seq
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.publishers import curve
+from shadow_proxy.worker.main.publishers.zeromq import Publisher
+from shadow_proxy.worker.main.tap_queue import TapQueue
+from shadow_proxy.worker.messages import with_seq
 
 #: How long the last words of dead publishers are repeated (subscribers
 #: reconnect to the new sockets within this).

@@ -1,4 +1,4 @@
-"""The shards of the tap worker as records of its main (``worker/pool.py``): one
+"""The shards of the tap worker as records of its main (``worker/main/pool.py``): one
 shard's process, socket and pending output; an open request; how a shard is
 spawned, how its output is written without blocking; the pool's own metrics.
 """
@@ -71,11 +71,11 @@ class OpenRequest:
 
 
 def spawn_shard(config: Config, path: str, processes: int, index: int, token: int) -> Shard:
-    """Start ``python -m shadow_proxy.worker.shard``, its arguments pickled on stdin.
+    """Start ``python -m shadow_proxy.worker.shard.loop``, its arguments pickled on stdin.
     One Rust thread for the tokenizer: N shards on N cores, not N x N threads."""
     env = {**os.environ, "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "shadow_proxy.worker.shard"],
+        [sys.executable, "-m", "shadow_proxy.worker.shard.loop"],
         stdin=subprocess.PIPE,
         env=env,
         close_fds=True,

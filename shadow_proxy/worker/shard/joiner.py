@@ -1,6 +1,6 @@
 """The join: hand-off messages in, one offer per request per tap out. No sockets.
 
-Runs in the tap worker process (``worker/main.py`` feeds it and publishes the
+Runs in the tap worker process (``worker/main/loop.py`` feeds it and publishes the
 queues). Per request:
 
 1. on the request message: preprocess once, decide per tap (models, select
@@ -37,14 +37,14 @@ from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, 
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.records.wire import WireError
 from shadow_proxy.worker.budget import response_events
-from shadow_proxy.worker.encoding import encode_record
-from shadow_proxy.worker.metrics import WorkerMetrics
+from shadow_proxy.worker.main.tap_queue import TapQueue
 from shadow_proxy.worker.request.batch import PreprocessedBatch
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 from shadow_proxy.worker.response.batch import for_prompt
 from shadow_proxy.worker.response.recorder import ResponseRecorder
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.shard.encoding import encode_record
+from shadow_proxy.worker.shard.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A joiner shard: one of the tap worker's processes that do the CPU work.
 
-Spawned by the worker's main (``worker/pool.py``) as ``python -m
-shadow_proxy.worker.shard``, its arguments pickled on stdin. It connects to the
+Spawned by the worker's main (``worker/main/pool.py``) as ``python -m
+shadow_proxy.worker.shard.loop``, its arguments pickled on stdin. It connects to the
 main's socket, loads the models (each with an exact incremental prompt
 encoder and its work budget), says ready, moves every thread to the idle
 scheduling class, then reads the hand-off messages the main routes to it and
@@ -46,12 +46,12 @@ from prometheus_client import Counter
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config, TapConfig
 from shadow_proxy.exchange import EndKind
+from shadow_proxy.worker import messages as sw
 from shadow_proxy.worker import priority
-from shadow_proxy.worker import shard_wire as sw
-from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.lag import LagBound, intake_lag_histogram, late_counter
 from shadow_proxy.worker.request.tokenizer import ModelLoadError
-from shadow_proxy.worker.shard_setup import TokenizerMetrics, handle_safely, load_models
+from shadow_proxy.worker.shard.joiner import Joiner
+from shadow_proxy.worker.shard.models import TokenizerMetrics, handle_safely, load_models
 
 __all__ = ["RemoteQueue", "ShardLoop", "handle_safely", "load_models", "run"]
 

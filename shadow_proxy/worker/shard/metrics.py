@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from shadow_proxy.channel.control import Family
 from shadow_proxy.metrics import LATENCY_BUCKETS
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.tap_queue import TapQueue
 
 PREPROCESS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 

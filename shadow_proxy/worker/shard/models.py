@@ -1,6 +1,6 @@
 """What a shard sets up once: its models (each with an exact incremental prompt
 encoder and its prompt-bytes budget), the tokenizer metrics, and the guard that
-keeps one message's failure from stopping it. Runs in a shard (``worker/shard.py``).
+keeps one message's failure from stopping it. Runs in a shard (``worker/shard/loop.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from prometheus_client.registry import Collector
 
 from shadow_proxy.config import Config
 from shadow_proxy.worker.budget import Budget, longest_token_bytes
-from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
 from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
+from shadow_proxy.worker.shard.joiner import Joiner
 
-log = logging.getLogger("shadow_proxy.worker.shard")
+log = logging.getLogger("shadow_proxy.worker.shard.loop")
 
 
 class TokenizerMetrics(Collector):

@@ -86,7 +86,7 @@ class TestControlMessages:
 
 class TestWorkerMain:
     """The worker's main is named by its import path (the child imports it:
-    ``serving/lifeline.py``), so the serving side never imports the worker."""
+    ``lifeline.py``), so the serving side never imports the worker."""
 
     def test_the_worker_main_exists_under_its_name(self) -> None:
         import importlib

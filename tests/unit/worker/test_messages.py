@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import build_envelope
-from shadow_proxy.worker import shard_wire as sw
+from shadow_proxy.worker import messages as sw
 
 
 def envelope_bytes(tap: str = "kv-history_1") -> bytes:

@@ -61,10 +61,10 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from shadow_proxy.config import Config, NatsConfig
-from shadow_proxy.worker.publishers.jetstream_metrics import JetStreamMetrics, LinkStats
-from shadow_proxy.worker.publishers.jetstream_stream import ensure_stream
-from shadow_proxy.worker.publishers.jetstream_tap import JetStreamPublisher
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.publishers.jetstream_metrics import JetStreamMetrics, LinkStats
+from shadow_proxy.worker.main.publishers.jetstream_stream import ensure_stream
+from shadow_proxy.worker.main.publishers.jetstream_tap import JetStreamPublisher
+from shadow_proxy.worker.main.tap_queue import TapQueue
 
 log = logging.getLogger(__name__)
 

@@ -22,11 +22,11 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from shadow_proxy.records.wire import HEARTBEAT_SUFFIX, Heartbeat, new_publisher_id
-from shadow_proxy.worker.publishers.jetstream_metrics import TapStats
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.publishers.jetstream_metrics import TapStats
+from shadow_proxy.worker.main.tap_queue import TapQueue
 
 if TYPE_CHECKING:
-    from shadow_proxy.worker.publishers.jetstream import JetStreamLink
+    from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
 
 ACK_TIMEOUT_S = 2.0
 RETRY_MAX_S = 10.0

@@ -22,8 +22,8 @@ import zmq
 
 from shadow_proxy.records.wire import Heartbeat, encode_frames, heartbeat_topic, new_publisher_id
 from shadow_proxy.worker.lag import LagBound
-from shadow_proxy.worker.publishers.curve import TapKeys, make_server
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.publishers.curve import TapKeys, make_server
+from shadow_proxy.worker.main.tap_queue import TapQueue
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import reserve_endpoint
-from shadow_proxy.worker.main import Main
-from shadow_proxy.worker.metrics import WorkerMetrics
-from shadow_proxy.worker.publishing import Publishing
+from shadow_proxy.worker.main.loop import Main
+from shadow_proxy.worker.main.publishing import Publishing
+from shadow_proxy.worker.shard.metrics import WorkerMetrics
 
 
 class RoutedTo:

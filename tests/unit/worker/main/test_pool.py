@@ -18,10 +18,10 @@ from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import reserve_endpoint
 from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.worker import shard_wire as sw
-from shadow_proxy.worker.pool import Pool
-from shadow_proxy.worker.publishing import Publishing
-from shadow_proxy.worker.shards import Shard
+from shadow_proxy.worker import messages as sw
+from shadow_proxy.worker.main.pool import Pool
+from shadow_proxy.worker.main.publishing import Publishing
+from shadow_proxy.worker.main.shards import Shard
 
 KV, REPLAY = 0, 1
 BOUND = 100_000

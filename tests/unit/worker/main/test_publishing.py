@@ -15,8 +15,8 @@ from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import reserve_endpoint
 from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import build_envelope
-from shadow_proxy.worker import shard_wire as sw
-from shadow_proxy.worker.publishing import Publishing
+from shadow_proxy.worker import messages as sw
+from shadow_proxy.worker.main.publishing import Publishing
 
 
 def config(max_lag_s: float | None = 30.0) -> Config:

@@ -9,7 +9,7 @@ import socket
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import frames as hf
-from shadow_proxy.worker.shards import PoolMetrics, Shard, default_processes, write_out
+from shadow_proxy.worker.main.shards import PoolMetrics, Shard, default_processes, write_out
 
 
 class TestProcesses:

@@ -6,7 +6,7 @@ import pytest
 
 from shadow_proxy.config.values import TapConfig
 from shadow_proxy.records.filters import FilterSet
-from shadow_proxy.worker.tap_queue import DROP_REASONS, TapQueue
+from shadow_proxy.worker.main.tap_queue import DROP_REASONS, TapQueue
 
 
 def queue(capacity: int = 2) -> TapQueue:

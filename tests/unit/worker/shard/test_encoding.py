@@ -7,7 +7,7 @@ import msgpack
 import pytest
 
 from shadow_proxy.records.wire import WireError, decode_envelope
-from shadow_proxy.worker.encoding import MAX_DEPTH, encode_record
+from shadow_proxy.worker.shard.encoding import MAX_DEPTH, encode_record
 
 
 def nested(depth: int, leaf: object) -> dict:

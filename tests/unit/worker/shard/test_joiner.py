@@ -16,9 +16,9 @@ from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
-from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
 from shadow_proxy.worker.request.tokenizer import LoadedModel
+from shadow_proxy.worker.shard.joiner import Joiner
 from tests.support.client import chat_body
 from tests.support.servers import proxy_config
 

@@ -17,11 +17,11 @@ from shadow_proxy.channel import frames as hf
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import check_envelope
-from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.tokenizer import load_model
+from shadow_proxy.worker.shard.joiner import Joiner
 from tests.support.servers import proxy_config
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "dynamo" / "responses"
+DATA = Path(__file__).resolve().parents[3] / "data" / "dynamo" / "responses"
 SSE, JSON = "text/event-stream", "application/json"
 JOINED, REQUESTS = "joined", "requests"
 #: The prompts of the captured batch (``capture_responses.py``).

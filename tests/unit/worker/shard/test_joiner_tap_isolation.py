@@ -12,8 +12,8 @@ import pytest
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import Route
-from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.tokenizer import load_model
+from shadow_proxy.worker.shard.joiner import Joiner
 
 
 @pytest.fixture(scope="module")

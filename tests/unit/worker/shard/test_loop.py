@@ -12,9 +12,9 @@ from shadow_proxy.channel import frames as hf
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
-from shadow_proxy.worker import shard_wire as sw
-from shadow_proxy.worker.joiner import Joiner
-from shadow_proxy.worker.shard import ShardLoop, load_models
+from shadow_proxy.worker import messages as sw
+from shadow_proxy.worker.shard.joiner import Joiner
+from shadow_proxy.worker.shard.loop import ShardLoop, load_models
 
 KV, REPLAY = 0, 1
 SSE = (

@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 from shadow_proxy.config.values import TapConfig
 from shadow_proxy.records.filters import FilterSet
 from shadow_proxy.serving.metrics import WorkerMetricsRelay
-from shadow_proxy.worker.metrics import WorkerMetrics
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.tap_queue import TapQueue
+from shadow_proxy.worker.shard.metrics import WorkerMetrics
 
 
 def queue(name: str) -> TapQueue:

@@ -4,9 +4,9 @@ failure counted and logged without its text."""
 from __future__ import annotations
 
 from shadow_proxy.config import Config
-from shadow_proxy.worker.joiner import Joiner
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
-from shadow_proxy.worker.shard_setup import TokenizerMetrics, handle_safely, load_models
+from shadow_proxy.worker.shard.joiner import Joiner
+from shadow_proxy.worker.shard.models import TokenizerMetrics, handle_safely, load_models
 
 
 def config(model_dirs, **worker) -> Config:

@@ -12,7 +12,7 @@ import zmq
 import zmq.auth
 
 from shadow_proxy.config import Config, CurveKeys
-from shadow_proxy.worker.publishers.curve import (
+from shadow_proxy.worker.main.publishers.curve import (
     CurveKeyError,
     load_all,
     load_tap_keys,

@@ -20,8 +20,8 @@ from shadow_proxy.config import Config
 from shadow_proxy.devtools.nats_server import NatsCluster
 from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records.wire import Heartbeat, decode_envelope
-from shadow_proxy.worker.publishers.jetstream import JetStreamLink
-from shadow_proxy.worker.publishers.jetstream_stream import DUPLICATE_WINDOW_S
+from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
+from shadow_proxy.worker.main.publishers.jetstream_stream import DUPLICATE_WINDOW_S
 from tests.support.jetstream import DirectPublisher, tap_messages
 from tests.support.nats import stream_info
 

@@ -7,7 +7,7 @@ import attrs
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy.worker.publishers.jetstream_metrics import (
+from shadow_proxy.worker.main.publishers.jetstream_metrics import (
     ACK_BUCKETS,
     STREAM_PROBLEMS,
     AckHistogram,

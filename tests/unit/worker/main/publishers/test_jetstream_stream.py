@@ -14,7 +14,7 @@ from nats.js import api
 from shadow_proxy.config.nats import NatsConfig
 from shadow_proxy.devtools.nats_server import nats_server_binary
 from shadow_proxy.devtools.processes import Child, reserve_port, wait_until
-from shadow_proxy.worker.publishers.jetstream_stream import (
+from shadow_proxy.worker.main.publishers.jetstream_stream import (
     DUPLICATE_WINDOW_S,
     ensure_stream,
     stream_config,

@@ -15,15 +15,15 @@ from nats.aio.msg import Msg
 
 from shadow_proxy.config import Config
 from shadow_proxy.records.wire import Heartbeat, encode_envelope
-from shadow_proxy.worker.publishers.jetstream import JetStreamLink
-from shadow_proxy.worker.publishers.jetstream_tap import (
+from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
+from shadow_proxy.worker.main.publishers.jetstream_tap import (
     ACK_TIMEOUT_S,
     RETRY_MAX_S,
     JetStreamPublisher,
     ack_timeout,
     envelope_seq,
 )
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.tap_queue import TapQueue
 from tests.support.jetstream import synthetic_payload
 
 pytestmark = pytest.mark.timeout(60)

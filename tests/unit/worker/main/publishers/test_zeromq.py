@@ -12,8 +12,8 @@ import zmq
 from shadow_proxy.config.values import TapConfig
 from shadow_proxy.records import wire
 from shadow_proxy.records.filters import FilterSet
-from shadow_proxy.worker.publishers.zeromq import Publisher
-from shadow_proxy.worker.tap_queue import TapQueue
+from shadow_proxy.worker.main.publishers.zeromq import Publisher
+from shadow_proxy.worker.main.tap_queue import TapQueue
 
 TOPIC = "shadow-requests-kv"
 
