@@ -44,25 +44,18 @@ from typing import Any
 
 import nats as nats_client
 
-from bench.proxy_bench import (
+from bench.cases import RssSampler, aggregate, evolved, histogram_quantile, stop_consumers
+from bench.procfs import children, cpu_seconds, cpu_tree_seconds, rss_mb
+from bench.services import (
     MODEL_DIR,
     MODEL_NAME,
     RESULTS,
     START_TIMEOUT_S,
     Frontend,
-    RssSampler,
-    _with,
-    aggregate,
-    children,
-    cpu_seconds,
-    cpu_tree_seconds,
     get_text,
-    histogram_quantile,
-    machine,
-    rss_mb,
     service,
-    stop_consumers,
 )
+from bench.tables import machine
 from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
 from shadow_proxy.devtools.processes import (
@@ -206,14 +199,14 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsClust
                    spec: LoadSpec, warmup: LoadSpec) -> dict[str, Any]:  # fmt: skip
     setup = await Setup.start(case, frontend, scratch, nats)
     try:
-        await run_load(_with(warmup, url=setup.url))
+        await run_load(evolved(warmup, url=setup.url))
         rss_before = {role: rss_mb(pid) for role, pid in setup.pids.items()}
         cpu_before = {role: cpu_seconds(pid) for role, pid in setup.pids.items()}
         cpu_before["worker+shards"] = cpu_tree_seconds(setup.pids["worker"])
         acks_before = ack_buckets(setup.url + "/metrics")
         own_before = time.process_time()
         with RssSampler(setup.pids) as sampler:
-            report = await run_load(_with(spec, url=setup.url))
+            report = await run_load(evolved(spec, url=setup.url))
         own = time.process_time() - own_before
         await wait_until(
             lambda: settled(setup.url + "/metrics", warmup.requests + spec.requests),
@@ -256,9 +249,11 @@ async def run_jetstream_regime(args: argparse.Namespace, scratch: Path) -> dict[
             order = CASES[rnd % 2 :] + CASES[: rnd % 2]
             for case in order:
                 seed = 1000 * (rnd + 1) + 10 * CASES.index(case)
-                warmup = _with(base, seed=seed + 500_000, requests=args.warmup,
+                warmup = evolved(base, seed=seed + 500_000, requests=args.warmup,
                                concurrency=min(args.concurrency, args.warmup))  # fmt: skip
-                run = await run_case(case, frontend, scratch, nats, _with(base, seed=seed), warmup)
+                run = await run_case(
+                    case, frontend, scratch, nats, evolved(base, seed=seed), warmup
+                )
                 s = run["report"].summary()
                 print(f"[jetstream] round {rnd + 1} {case}: {s['requests_per_s']:.1f} req/s, "
                       f"ttft p50 {s['ttft_p50_ms']} p99 {s['ttft_p99_ms']} ms, errors "

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_bench import MODEL_DIR, MODEL_NAME, RESULTS, machine, start_proxy
+from bench.services import MODEL_DIR, MODEL_NAME, RESULTS, start_proxy
+from bench.tables import machine
 from shadow_proxy.devtools.dynamo import start_dynamo
 from shadow_proxy.devtools.loadgen import first_bytes_ms
 

@@ -51,15 +51,18 @@ from typing import Any
 import aiohttp
 import attrs
 
-from bench import proxy_bench as pb
+from bench.cases import Side, aggregate, evolved, histogram_quantile, run_case
+from bench.procfs import children, cpu_seconds
+from bench.services import MODEL_NAME, OTHER_CPU, PROXY_CPU, REPO, Frontend, get_text, start_proxy
 from shadow_proxy.devtools.conversations import answer_text
 from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt, many_tools, run_load
+from shadow_proxy.devtools.reference_taps import TAP_NAMES
 
 HISTOGRAM = re.compile(r'^(\w+)_bucket\{(.*?)le="([^"]+)"(.*?)\} (\S+)$', re.M)
 
 
 def metrics(url: str) -> str:
-    return pb.get_text(url + "/metrics")
+    return get_text(url + "/metrics")
 
 
 def counter(text: str, name: str, **labels: str) -> float:
@@ -90,7 +93,7 @@ def listing(url: str) -> list[dict[str, Any]]:
 
 
 def worker_pids(main: int) -> list[int]:
-    return [main, *pb.children(main)]
+    return [main, *children(main)]
 
 
 # --------------------------------------------------------------------------- scaling
@@ -99,7 +102,7 @@ def worker_pids(main: int) -> list[int]:
 async def scaling(kind: str, args, scratch: Path) -> dict[str, Any]:
     requests = args.requests or 2000
     isl = args.isl or 2048
-    frontend = await pb.Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None)
+    frontend = await Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None)
     runs: dict[str, list[dict[str, float]]] = {"1 core": [], "2 cores": []}
     try:
         for rnd in range(args.rounds):
@@ -107,14 +110,14 @@ async def scaling(kind: str, args, scratch: Path) -> dict[str, Any]:
             for case in order:
                 one = case == "1 core"
                 worker = {"processes": 1 if one else 2, "max_lag_s": None}
-                service, url, main, _ = await pb.start_proxy(
-                    frontend.url, scratch, True, pb.PROXY_CPU if one else None, worker
+                service, url, main, _ = await start_proxy(
+                    frontend.url, scratch, True, PROXY_CPU if one else None, worker
                 )
                 try:
-                    spec = LoadSpec(url=url, model=pb.MODEL_NAME, requests=requests,
+                    spec = LoadSpec(url=url, model=MODEL_NAME, requests=requests,
                                     concurrency=32, prompt_tokens=isl, output_tokens=4,
                                     seed=rnd)  # fmt: skip
-                    await run_load(pb._with(spec, requests=20, seed=999))
+                    await run_load(evolved(spec, requests=20, seed=999))
                     runs[case].append(await _drain(url, main, spec))
                     rate = runs[case][-1]["records_per_s"]
                     print(f"[scaling] round {rnd + 1} {case}: {rate:.1f} records/s", flush=True)
@@ -139,14 +142,14 @@ async def _drain(url: str, main: int, spec: LoadSpec) -> dict[str, float]:
     try:
         report = await run_load(spec)
     finally:
-        cpu0 = sum(pb.cpu_seconds(pid) for pid in pids)
+        cpu0 = sum(cpu_seconds(pid) for pid in pids)
         t0 = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
     sent = sum(1 for r in report.results if r.ok)
     await _published(url, start, sent)
     elapsed = time.monotonic() - t0
-    cpu = sum(pb.cpu_seconds(pid) for pid in pids) - cpu0
+    cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
     return {"records": sent, "seconds": elapsed, "records_per_s": sent / elapsed,
             "worker_cpu_ms_per_record": 1000 * cpu / max(1, sent)}  # fmt: skip
 
@@ -219,7 +222,7 @@ async def _converse(
             for user, reply in conversation.turns:
                 messages.append({"role": "user", "content": user})
                 real = answers == "frontend"
-                body = {"model": pb.MODEL_NAME, "messages": messages,
+                body = {"model": MODEL_NAME, "messages": messages,
                         "max_tokens": len(reply.split()) if real else 8,
                         "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
                 async with session.post(
@@ -237,7 +240,7 @@ async def _converse(
 async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
     n = args.conversations
     env = {"DYN_TOKENIZER_CACHE": "0"} if args.dynamo_tokenizer_cache == "off" else None
-    frontend = await pb.Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None,
+    frontend = await Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None,
                                        dynamo_env=env)  # fmt: skip
     cases = {"incremental": {}, "full re-encode": {"tokenizer_cache_bytes": 0}}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
@@ -252,9 +255,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                 worker = {"max_lag_s": None, **cases[case]}
                 if args.processes:
                     worker["processes"] = args.processes
-                service, url, main, _ = await pb.start_proxy(
-                    frontend.url, scratch, True, None, worker
-                )
+                service, url, main, _ = await start_proxy(frontend.url, scratch, True, None, worker)
                 try:
                     pids = {
                         "worker": worker_pids(main),
@@ -300,7 +301,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:
-    return {role: sum(pb.cpu_seconds(pid) for pid in group) for role, group in pids.items()}
+    return {role: sum(cpu_seconds(pid) for pid in group) for role, group in pids.items()}
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -318,31 +319,29 @@ async def overload(kind: str, args, scratch: Path) -> dict[str, Any]:
     requests = args.requests or 3000
     concurrency = args.concurrency or 64
     max_lag = args.max_lag_s
-    os.sched_setaffinity(0, {int(pb.OTHER_CPU)})
+    os.sched_setaffinity(0, {int(OTHER_CPU)})
     pace = (args.ttft_ms, args.itl_ms)
-    frontend = await pb.Frontend.start(
-        kind, scratch, pace=pace, speedup=args.speedup, cpus=pb.OTHER_CPU
-    )
+    frontend = await Frontend.start(kind, scratch, pace=pace, speedup=args.speedup, cpus=OTHER_CPU)
     worker = {"processes": 1, "max_lag_s": max_lag}
-    base = LoadSpec(url="", model=pb.MODEL_NAME, requests=requests, concurrency=concurrency,
+    base = LoadSpec(url="", model=MODEL_NAME, requests=requests, concurrency=concurrency,
                     prompt_tokens=args.isl or 8192, output_tokens=args.osl or 16)  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {"proxy": [], "taps": []}
     try:
         for rnd in range(args.rounds):
             for case in list(runs) if rnd % 2 == 0 else list(reversed(runs)):
-                spec = pb._with(base, seed=rnd)
-                warmup = pb._with(base, seed=rnd + 500, requests=args.warmup,
+                spec = evolved(base, seed=rnd)
+                warmup = evolved(base, seed=rnd + 500, requests=args.warmup,
                                   concurrency=min(concurrency, args.warmup))  # fmt: skip
-                run = await pb.run_case(case, frontend, scratch, args, spec, warmup, True, worker,
+                run = await run_case(case, frontend, scratch, args, spec, warmup, True, worker,
                                         settle_s=max_lag + 1)  # fmt: skip
                 runs[case].append(run)
                 print(f"[overload] round {rnd + 1} {case}: {run['report'].summary()}", flush=True)
     finally:
         frontend.stop()
         os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
-    cases = {c: pb.aggregate(r) for c, r in runs.items()}
+    cases = {c: aggregate(r) for c, r in runs.items()}
     lag: dict[str, Any] = {}
-    for tap in pb.TAP_NAMES:
+    for tap in TAP_NAMES:
         merged: dict[float, float] = {}
         late = 0.0
         for run in runs["taps"]:
@@ -350,7 +349,7 @@ async def overload(kind: str, args, scratch: Path) -> dict[str, Any]:
                                      tap=tap).items():  # fmt: skip
                 merged[le] = merged.get(le, 0.0) + value
             late += counter(run["metrics"], "shadow_tap_dropped_total", tap=tap, reason="late")
-        p99 = pb.histogram_quantile({}, merged, 0.99)
+        p99 = histogram_quantile({}, merged, 0.99)
         lag[tap] = {"lag_p99_s": p99, "published": merged.get(float("inf"), 0.0), "late": late}
     targets = [(f"{tap}: record lag p99 < max_lag_s ({max_lag:g} s)", v["lag_p99_s"], max_lag,
                 False) for tap, v in lag.items()]  # fmt: skip
@@ -382,7 +381,7 @@ def hostile_requests(kinds: list[str] | None = None) -> list[tuple[str, bytes, d
     """(kind, body, headers) of each hostile request, in the order they are sent;
     ``kinds``: the first word of each kind to build (all when empty)."""
     bomb = {
-        "model": pb.MODEL_NAME, "stream": True,
+        "model": MODEL_NAME, "stream": True,
         "messages": [{"role": "user", "content": "a bomb, please"}],
     }  # fmt: skip
     rejected = {"x-mock-fault": "status=400"}
@@ -391,10 +390,10 @@ def hostile_requests(kinds: list[str] | None = None) -> list[tuple[str, bytes, d
     def long_prompt() -> bytes:
         content = make_prompt(random.Random(18), 1_200_000)[: 7 << 20]
         messages = [{"role": "user", "content": content}]
-        return json.dumps({"model": pb.MODEL_NAME, "stream": True, "messages": messages}).encode()
+        return json.dumps({"model": MODEL_NAME, "stream": True, "messages": messages}).encode()
 
     builders = [
-        ("62 MB of tools", lambda: many_tools(pb.MODEL_NAME, 600, 1000), rejected),
+        ("62 MB of tools", lambda: many_tools(MODEL_NAME, 600, 1000), rejected),
         # max_tokens 4: read for 272 events (worker/budget.py, response_events).
         ("256 MiB gzip bomb", lambda: json.dumps({**bomb, "max_tokens": 4}).encode(), bombing),
         ("7 MiB prompt", long_prompt, rejected),
@@ -409,7 +408,7 @@ def hostile_requests(kinds: list[str] | None = None) -> list[tuple[str, bytes, d
 READY = b"sending\n"
 
 
-def hostile_traffic(kinds: list[str]) -> pb.Side:
+def hostile_traffic(kinds: list[str]) -> Side:
     """Run ``python -m bench.worker_bench URL`` (the hostile sender, a process of its
     own so that the load generator's loop measures undisturbed); ``ready`` once it
     has built its bodies and starts sending, until told to stop; then wait until the
@@ -419,7 +418,7 @@ def hostile_traffic(kinds: list[str]) -> pb.Side:
     async def side(url: str, ready: asyncio.Event, stop: asyncio.Event) -> dict[str, Any]:
         sender = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.worker_bench", url, *kinds, stdout=asyncio.subprocess.PIPE,
-            cwd=pb.REPO,
+            cwd=REPO,
         )  # fmt: skip
         try:
             assert sender.stdout is not None
@@ -504,14 +503,14 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
     concurrency = args.concurrency or 32
     processes = args.processes or os.cpu_count() or 1
     pace = (args.ttft_ms, args.itl_ms)
-    frontend = await pb.Frontend.start(kind, scratch, pace=pace, speedup=args.speedup, cpus=None)
+    frontend = await Frontend.start(kind, scratch, pace=pace, speedup=args.speedup, cpus=None)
     await _warm_bomb(frontend.url)
     worker = {"processes": processes, "max_rss_mb": MAX_RSS_MB}
     # The senders start over one paced request's time: started at once, they run in
     # step for about a second, in waves of `concurrency` arrivals, and those waves'
     # 1.6% of the requests were the TTFT p99 of every case (20261202 diagnosis).
     osl = args.osl or 16
-    base = LoadSpec(url="", model=pb.MODEL_NAME, requests=requests, concurrency=concurrency,
+    base = LoadSpec(url="", model=MODEL_NAME, requests=requests, concurrency=concurrency,
                     prompt_tokens=args.isl or 512, output_tokens=osl,
                     ramp_s=(args.ttft_ms + osl * args.itl_ms) / 1000)  # fmt: skip
     side = hostile_traffic(args.hostile)
@@ -520,17 +519,17 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
     try:
         for rnd in range(args.rounds):
             for case in list(cases) if rnd % 2 == 0 else list(reversed(cases)):
-                spec = pb._with(base, seed=rnd)
-                warmup = pb._with(base, seed=rnd + 500, requests=args.warmup,
+                spec = evolved(base, seed=rnd)
+                warmup = evolved(base, seed=rnd + 500, requests=args.warmup,
                                   concurrency=min(concurrency, args.warmup))  # fmt: skip
-                run = await pb.run_case(case, frontend, scratch, args, spec, warmup, False,
+                run = await run_case(case, frontend, scratch, args, spec, warmup, False,
                                         worker, side=cases[case])  # fmt: skip
                 runs[case].append(run)
                 print(f"[hostile] round {rnd + 1} {case}: {run['report'].summary()} "
                       f"hostile: {(run['side'] or {}).get('answers')}", flush=True)  # fmt: skip
     finally:
         frontend.stop()
-    summary = {c: pb.aggregate(r) for c, r in runs.items()}
+    summary = {c: aggregate(r) for c, r in runs.items()}
     sent: dict[str, dict[str, int]] = {}
     for run in runs["taps+hostile"]:
         for what, statuses in run["side"]["answers"].items():
@@ -556,14 +555,14 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
     lag: dict[str, Any] = {}
     for case in ("taps+hostile", "taps"):
         case_text = "".join(run["metrics"] for run in runs[case])
-        for tap in pb.TAP_NAMES:
+        for tap in TAP_NAMES:
             merged: dict[float, float] = {}
             for run in runs[case]:
                 for le, value in buckets(run["metrics"], "shadow_tap_record_lag_seconds",
                                          tap=tap).items():  # fmt: skip
                     merged[le] = merged.get(le, 0.0) + value
             late = counter(case_text, "shadow_tap_dropped_total", tap=tap, reason="late")
-            lag[f"{tap} ({case})"] = {"lag_p99_s": pb.histogram_quantile({}, merged, 0.99),
+            lag[f"{tap} ({case})"] = {"lag_p99_s": histogram_quantile({}, merged, 0.99),
                                       "published": merged.get(float("inf"), 0.0),
                                       "late": late}  # fmt: skip
     bound = processes * MAX_RSS_MB + MAIN_ALLOWANCE_MB
