@@ -59,3 +59,65 @@ def test_no_test_file_without_its_module() -> None:
         if t != Path(__file__).resolve() and not mirrors(t)
     ]
     assert not orphans, f"test files that mirror no module: {orphans}"
+
+
+def import_cycles(*packages: str) -> list[list[str]]:
+    """Groups of modules that import each other, directly or through others
+    (strongly connected components of the import graph, imports under
+    ``TYPE_CHECKING`` included: a circle there is still a circle)."""
+    import grimp
+
+    graph = grimp.build_graph(*packages, cache_dir=None)
+    edges = {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = 0
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    cycles.append(sorted(component))
+    return cycles
+
+
+#: Circles being broken elsewhere (the record sources are another change's):
+#: remove an entry once it is gone, and the test holds the line from there.
+KNOWN_CIRCLES = [["shadow_proxy.records.jetstream_source", "shadow_proxy.records.sources"]]
+
+
+def test_no_import_circles() -> None:
+    """Neither the package nor the benchmarks has modules that import each other."""
+    cycles = import_cycles("shadow_proxy", "bench")
+    assert [c for c in cycles if c not in KNOWN_CIRCLES] == []

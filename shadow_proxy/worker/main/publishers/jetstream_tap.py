@@ -13,7 +13,7 @@ import heapq
 import json
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 import msgpack
@@ -21,12 +21,26 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
+from shadow_proxy.config import NatsConfig
 from shadow_proxy.records.wire import HEARTBEAT_SUFFIX, Heartbeat, new_publisher_id
 from shadow_proxy.worker.main.publishers.jetstream_metrics import TapStats
 from shadow_proxy.worker.main.tap_queue import TapQueue
 
-if TYPE_CHECKING:
-    from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
+
+class Link(Protocol):
+    """What a tap needs of the link it publishes through (``jetstream.JetStreamLink``)."""
+
+    config: NatsConfig
+
+    def wake(self) -> None:
+        """Called from the worker's thread: the link has records to take."""
+
+    def note(self, message: str, *args: object) -> None:
+        """Log a problem, rate-limited."""
+
+    def release(self, publisher: JetStreamPublisher) -> None:
+        """The tap is closed; the last one stops the link."""
+
 
 ACK_TIMEOUT_S = 2.0
 RETRY_MAX_S = 10.0
@@ -75,7 +89,7 @@ class InFlight:
 class JetStreamPublisher:
     """One ``nats`` tap; the worker's side is ``pump``/``heartbeat``/``close``."""
 
-    def __init__(self, link: JetStreamLink, queue: TapQueue, index: int):
+    def __init__(self, link: Link, queue: TapQueue, index: int):
         config = queue.config
         self.link = link
         self.queue = queue
