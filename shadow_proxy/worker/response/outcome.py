@@ -100,3 +100,19 @@ def decide(
     if complete and problem is None:
         return "complete", None
     return "incomplete", problem or None
+
+
+def event_error(data: str, comments: Sequence[str]) -> str:
+    """The message of an SSE ``event: error``: its data's error (JSON), else its data
+    or comments as they are, clipped."""
+    message = None
+    if data:
+        try:
+            message = error_message(json.loads(data), detail=True)
+        except ValueError:
+            message = clip(data)
+        if message is None:
+            message = clip(data)
+    elif comments:
+        message = clip(" -- ".join(comments))
+    return message or "error event"

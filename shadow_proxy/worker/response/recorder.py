@@ -8,17 +8,15 @@ is over, however it ended. ``finish`` returns an ``ObservedResponse``
 (``observed.py``); the outcome rules are ``outcome.py``, the content decoding
 ``decoding.py``, the SSE framing ``sse.py``.
 
-What is read from the body, per choice index: ``finish_reason``; output text
-(chat: ``delta``/``message`` ``content``, ``reasoning_content`` and
-``reasoning``, tool-call ``function.name``/``arguments``; completions: ``text``);
-upstream output token ids where the frontend returns them on the choice
-(``choice.token_ids``: vLLM's ``return_token_ids``); the number of
-content-carrying chunks. Dynamo's response ``nvext.token_ids`` is *not* used: it
-holds the tokenized prompt (GAIE query-only flow), not output tokens. Per
-response: ``id`` (``upstream_id``), the last ``usage`` seen (usage-only chunks
-included), error events and bodies, ``[DONE]``. A ``/v1/responses`` answer
-(typed events, or the ``response`` object) is read by ``responses_events.py``
-into choice 0 instead; everything else here applies to it unchanged.
+What is read from the body: each chat or completions object per choice
+(``chat_object.py``: text, tool calls, upstream token ids, content chunks,
+finish reasons); per response the first ``id`` (``upstream_id``), the last
+``usage`` seen (usage-only chunks included), error events and bodies,
+``[DONE]``. Dynamo's response ``nvext.token_ids`` is *not* used: it holds the
+tokenized prompt (GAIE query-only flow), not output tokens. A ``/v1/responses``
+answer (typed events, or the ``response`` object) is read by
+``responses_events.py`` into choice 0 instead; everything else here applies to
+it unchanged.
 
 Memory bound per in-flight recorder (defaults in parentheses; every cap is a
 constructor argument):
@@ -54,10 +52,11 @@ from typing import Any
 
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.worker.response import outcome
-from shadow_proxy.worker.response.choices import Choice, ChoiceTable
+from shadow_proxy.worker.response.chat_object import read_object
+from shadow_proxy.worker.response.choices import ChoiceTable
 from shadow_proxy.worker.response.decoding import BodyDecoder, DecodeError, for_header
 from shadow_proxy.worker.response.observed import ObservedResponse, without_none
-from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message
+from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message, event_error
 from shadow_proxy.worker.response.responses_events import ResponsesReader
 from shadow_proxy.worker.response.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
 
@@ -71,7 +70,6 @@ DEFAULT_MAX_TOKEN_IDS_TOTAL = 1 << 21
 DEFAULT_MAX_UNARY_BYTES = 16 * MIB
 DEFAULT_MAX_CHUNK_OFFSETS = 1 << 18
 DEFAULT_MAX_CHOICES = 128
-MAX_ID_CHARS = 256
 
 
 class ResponseRecorder:
@@ -294,7 +292,7 @@ class ResponseRecorder:
 
     def _on_event(self, event: SSEEvent, offset_ns: int) -> None:
         if event.event == "error":
-            self._on_error_event(event)
+            self._set_error(event_error(event.data, event.comments))
             return
         if self._responses is not None:
             if self._responses.event(event.event, event.data):
@@ -315,19 +313,6 @@ class ResponseRecorder:
             self._malformed += 1
             return
         self._on_object(obj, offset_ns, stream=True)
-
-    def _on_error_event(self, event: SSEEvent) -> None:
-        message = None
-        if event.data:
-            try:
-                message = error_message(json.loads(event.data), detail=True)
-            except ValueError:
-                message = clip(event.data)
-            if message is None:
-                message = clip(event.data)
-        elif event.comments:
-            message = clip(" -- ".join(event.comments))
-        self._set_error(message or "error event")
 
     def _set_error(self, message: str) -> None:
         if self._error is None:
@@ -368,51 +353,16 @@ class ResponseRecorder:
     # -- one chunk or body -------------------------------------------------------------
 
     def _on_object(self, obj: dict[str, Any], offset_ns: int | None, *, stream: bool) -> None:
-        if stream:
-            message = error_message(obj)
-            if message is not None:
-                self._set_error(message)
+        error, upstream_id, usage, carried, malformed = read_object(
+            obj, self.route, self._choices, stream=stream
+        )
+        if error is not None:
+            self._set_error(error)
         if self._upstream_id is None:
-            rid = obj.get("id")
-            if isinstance(rid, str) and rid:
-                self._upstream_id = rid[:MAX_ID_CHARS]
-        usage = obj.get("usage")
-        if isinstance(usage, dict):
+            self._upstream_id = upstream_id
+        if usage is not None:
             self._usage = usage
-        choices = obj.get("choices")
-        if not isinstance(choices, list):
-            return
-        carried = False
-        route = self.route
-        for raw in choices:
-            if not isinstance(raw, dict):
-                self._choices.ignored += 1
-                continue
-            choice = self._choices.get(raw.get("index", 0))
-            if choice is None:
-                continue
-            content = False
-            if route is not Route.COMPLETIONS:
-                part = raw.get("delta") if stream else raw.get("message")
-                if isinstance(part, dict):
-                    content = self._chat_part(choice, part)
-            if route is not Route.CHAT:
-                piece = raw.get("text")
-                if isinstance(piece, str) and piece:
-                    self._choices.add_text(choice, piece)
-                    content = True
-            ids = raw.get("token_ids")
-            if isinstance(ids, list) and ids:
-                if self._choices.add_ids(choice, ids):
-                    content = True
-                else:
-                    self._malformed += 1
-            if content:
-                choice.content_chunks += 1
-                carried = True
-            reason = raw.get("finish_reason")
-            if reason is not None:
-                choice.finish_reason = str(reason)[:MAX_ID_CHARS]
+        self._malformed += malformed
         if carried and offset_ns is not None:
             self._content_at(offset_ns)
 
@@ -426,43 +376,6 @@ class ResponseRecorder:
                 self._offsets.append(offset_ns)
             else:
                 self._dropped_offsets += 1
-
-    def _chat_part(self, choice: Choice, part: dict[str, Any]) -> bool:
-        content = False
-        piece = part.get("content")
-        if isinstance(piece, str) and piece:
-            self._choices.add_text(choice, piece)
-            content = True
-        elif isinstance(piece, list):  # content parts
-            for item in piece:
-                if isinstance(item, dict) and isinstance(item.get("text"), str) and item["text"]:
-                    self._choices.add_text(choice, item["text"])
-                    content = True
-        reasoning = part.get("reasoning_content")
-        other = part.get("reasoning")
-        refusal = part.get("refusal")
-        for piece in (reasoning, other if other != reasoning else None, refusal):
-            if isinstance(piece, str) and piece:
-                self._choices.add_text(choice, piece)
-                content = True
-        calls = part.get("tool_calls")
-        functions = (
-            [c.get("function") for c in calls if isinstance(c, dict)]
-            if isinstance(calls, list)
-            else []
-        )
-        legacy = part.get("function_call")
-        if isinstance(legacy, dict):
-            functions.append(legacy)
-        for function in functions:
-            if not isinstance(function, dict):
-                continue
-            for key in ("name", "arguments"):
-                piece = function.get(key)
-                if isinstance(piece, str) and piece:
-                    self._choices.add_text(choice, piece)
-                    content = True
-        return content
 
     # -- the end ----------------------------------------------------------------------
 
