@@ -4,17 +4,23 @@
 ``Config.from_yaml``, ``reader.py`` the strict reading (lines, types, checks).
 """
 
-from shadow_proxy.config.nats import GIB, NatsConfig
+from shadow_proxy.config.nats import GIB, Discard, NatsConfig
 from shadow_proxy.config.reader import ConfigError
 from shadow_proxy.config.schema import Config
 from shadow_proxy.config.values import (
     MIB,
+    Capture,
     CurveKeys,
+    Emit,
     Listen,
     ModelEntry,
+    Priority,
     Publish,
     ResponseOptions,
+    SampleBy,
     TapConfig,
+    TemplateEngine,
+    Transport,
     Upstream,
     WorkerOptions,
 )
@@ -22,15 +28,22 @@ from shadow_proxy.config.values import (
 __all__ = [
     "GIB",
     "MIB",
+    "Capture",
     "Config",
     "ConfigError",
     "CurveKeys",
+    "Discard",
+    "Emit",
     "Listen",
     "ModelEntry",
     "NatsConfig",
+    "Priority",
     "Publish",
     "ResponseOptions",
+    "SampleBy",
     "TapConfig",
+    "TemplateEngine",
+    "Transport",
     "Upstream",
     "WorkerOptions",
 ]

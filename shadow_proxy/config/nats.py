@@ -10,6 +10,7 @@ unique, and none is another tap's heartbeat subject (``{subject}.heartbeat``).
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping
 from urllib.parse import urlsplit
@@ -18,7 +19,7 @@ import attrs
 
 from shadow_proxy.config import reader as checks
 from shadow_proxy.config.reader import Reader
-from shadow_proxy.config.values import MIB, TapConfig
+from shadow_proxy.config.values import MIB, TapConfig, Transport
 
 GIB = 1024 * MIB
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
@@ -26,6 +27,15 @@ NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 MAX_REPLICAS = 5
 _SUBJECT_RE = re.compile(r"^[^\s.*>]+(\.[^\s.*>]+)*$")
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class Discard(enum.StrEnum):
+    """What a full stream does."""
+
+    #: Drops its oldest messages.
+    OLD = "old"
+    #: Refuses new ones.
+    NEW = "new"
 
 
 @attrs.frozen
@@ -38,15 +48,17 @@ class NatsConfig:
     max_bytes: int = 8 * GIB
     max_age_s: float = 7 * 86400.0
     #: ``old``: a full stream drops its oldest messages; ``new``: refuses new ones.
-    discard: str = "old"
+    discard: Discard = attrs.field(default=Discard.OLD, converter=Discard)
 
 
 def parse_tap_transport(
     reader: Reader, item: Mapping, prefix: str, topic: str
-) -> tuple[str, str | None]:
+) -> tuple[Transport, str | None]:
     """A tap's ``transport`` and ``subject`` (``subject`` only for ``nats``)."""
-    transport = reader.get(item, "transport", prefix, str, "zmq", checks.choice("zmq", "nats"))
-    if transport == "zmq":
+    transport = Transport(
+        reader.get(item, "transport", prefix, str, "zmq", checks.choice(*Transport))
+    )
+    if transport is Transport.ZMQ:
         if "subject" in item:
             expected = "is only allowed with transport: nats (transport is 'zmq')"
             reader.fail(item, f"{prefix}subject", expected, item["subject"])
@@ -62,7 +74,7 @@ def parse_nats_section(
     reader: Reader, root: Mapping, taps: tuple[TapConfig, ...]
 ) -> NatsConfig | None:
     """The top-level ``nats`` section; required when a tap publishes to NATS."""
-    users = [tap for tap in taps if tap.transport == "nats"]
+    users = [tap for tap in taps if tap.transport is Transport.NATS]
     if root.get("nats") is None:
         if users:
             expected = f"is required when a tap uses transport: nats (tap '{users[0].name}')"
@@ -85,7 +97,7 @@ def parse_nats_section(
         replicas=reader.get(s, "replicas", p, int, 1, replicas),
         max_bytes=reader.get(s, "max_bytes", p, int, 8 * GIB, checks.at_least_1),
         max_age_s=reader.get(s, "max_age_s", p, float, 7 * 86400.0, checks.positive),
-        discard=reader.get(s, "discard", p, str, "old", checks.choice("old", "new")),
+        discard=Discard(reader.get(s, "discard", p, str, "old", checks.choice(*Discard))),
     )
     items = root.get("taps") or []
     seen: dict[str, str] = {}

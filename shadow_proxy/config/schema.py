@@ -21,12 +21,17 @@ from shadow_proxy.config.reader import MISSING, ConfigError, Reader, load_yaml, 
 from shadow_proxy.config.values import (
     MIB,
     TEMPLATE_ENGINES,
+    Capture,
     CurveKeys,
     Listen,
     ModelEntry,
+    Priority,
     Publish,
     ResponseOptions,
+    SampleBy,
     TapConfig,
+    TemplateEngine,
+    Transport,
     Upstream,
     WorkerOptions,
 )
@@ -208,8 +213,8 @@ class _SchemaReader(Reader):
                     context_length=self.get(
                         item, "context_length", p, (int, type(None)), None, checks.at_least_1
                     ),
-                    template_engine=self.get(
-                        item, "template_engine", p, str, "minijinja", _template_engine
+                    template_engine=TemplateEngine(
+                        self.get(item, "template_engine", p, str, "minijinja", _template_engine)
                     ),
                 )
             )
@@ -249,7 +254,7 @@ class _SchemaReader(Reader):
             ),
             max_in_flight=self.get(s, "max_in_flight", p, int, 4096, checks.at_least_1),
             processes=self.get(s, "processes", p, optional_int, None, checks.at_least_1),
-            priority=self.get(s, "priority", p, str, "idle", checks.choice("idle", "nice")),
+            priority=Priority(self.get(s, "priority", p, str, "idle", checks.choice(*Priority))),
             nice=self.get(s, "nice", p, int, 19, checks.niceness),
             max_lag_s=self.get(s, "max_lag_s", p, (float, type(None)), 30.0, checks.positive),
             tokenizer_cache_bytes=self.get(
@@ -293,7 +298,7 @@ class _SchemaReader(Reader):
                     continue
                 if a.topic == b.topic:
                     self.fail(item, f"taps[{a.name}].topic", "must be unique across taps", a.topic)
-                if b.topic.startswith(a.topic) and a.transport == b.transport == "zmq":
+                if b.topic.startswith(a.topic) and a.transport is b.transport is Transport.ZMQ:
                     expected = (
                         f"must not be a prefix of tap '{b.name}'s topic '{b.topic}' "
                         "(ZeroMQ subscriptions match by prefix)"
@@ -328,16 +333,14 @@ class _SchemaReader(Reader):
             self.lines[f"taps[{label}]"] = item.line
         name = self.get(item, "name", p, str, check=checks.name)
         topic = self.get(item, "topic", p, str, f"shadow-requests-{name}", checks.name)
-        capture = self.get(
-            item, "capture", p, str, check=checks.choice("request", "request_response")
-        )
-        joined = capture == "request_response"
+        capture = Capture(self.get(item, "capture", p, str, check=checks.choice(*Capture)))
+        joined = capture is Capture.REQUEST_RESPONSE
         if "emit" in item:
             if not joined:
                 self.fail(
                     item,
                     f"{p}emit",
-                    f"is only allowed with capture: request_response (capture is {capture!r})",
+                    f"is only allowed with capture: request_response (capture is '{capture}')",
                     item["emit"],
                 )
             self.get(item, "emit", p, str, check=checks.choice("joined"))
@@ -345,7 +348,7 @@ class _SchemaReader(Reader):
             self.fail(
                 item,
                 f"{p}response",
-                f"is only allowed with capture: request_response (capture is {capture!r})",
+                f"is only allowed with capture: request_response (capture is '{capture}')",
                 item["response"],
             )
         raw_filters = self.get(item, "filters", p, (list, type(None)), None) or []
@@ -384,8 +387,8 @@ class _SchemaReader(Reader):
             filters=filters,
             models=tuple(models),
             sample=self.get(item, "sample", p, float, 1.0, checks.fraction),
-            sample_by=self.get(
-                item, "sample_by", p, str, "request", checks.choice("request", "prefix")
+            sample_by=SampleBy(
+                self.get(item, "sample_by", p, str, "request", checks.choice(*SampleBy))
             ),
             response=self.response(item, p) if joined else None,
             capacity=self.get(item, "capacity", p, int, 1024, checks.at_least_1),
@@ -394,9 +397,9 @@ class _SchemaReader(Reader):
             curve=self.curve(item, p, transport) if item.get("curve") is not None else None,
         )
 
-    def curve(self, item: Mapping, prefix: str, transport: str) -> CurveKeys:
-        if transport != "zmq":
-            expected = f"is only for ZeroMQ taps (transport is {transport!r})"
+    def curve(self, item: Mapping, prefix: str, transport: Transport) -> CurveKeys:
+        if transport is not Transport.ZMQ:
+            expected = f"is only for ZeroMQ taps (transport is '{transport}')"
             self.fail(item, f"{prefix}curve", expected)
         s = self.section(item, "curve", prefix, {"server_secret_key", "client_keys"})
         p = f"{prefix}curve."

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 from shadow_proxy.records.filters import FilterSet
@@ -36,8 +38,59 @@ class Upstream:
     quick_ack: bool = True
 
 
-#: How a model's chat template is rendered: as the frontend in front of it does.
-TEMPLATE_ENGINES = ("minijinja", "jinja2")
+class TemplateEngine(enum.StrEnum):
+    """How a model's chat template is rendered: as the frontend in front of it does."""
+
+    #: Dynamo's engine and environment.
+    MINIJINJA = "minijinja"
+    #: transformers' sandbox, as vLLM and SGLang render.
+    JINJA2 = "jinja2"
+
+
+class Capture(enum.StrEnum):
+    """What a tap records."""
+
+    #: The request, published as soon as it is preprocessed.
+    REQUEST = "request"
+    #: One joined record when the response ends.
+    REQUEST_RESPONSE = "request_response"
+
+
+class Emit(enum.StrEnum):
+    """What a ``request_response`` tap emits (SPEC: only joined records)."""
+
+    JOINED = "joined"
+
+
+class SampleBy(enum.StrEnum):
+    """The key a tap's sample is decided by."""
+
+    #: The request id.
+    REQUEST = "request"
+    #: The first 64 prompt tokens: a conversation's turns are kept or skipped together.
+    PREFIX = "prefix"
+
+
+class Transport(enum.StrEnum):
+    """Where a tap publishes."""
+
+    #: Its own ZeroMQ PUB socket.
+    ZMQ = "zmq"
+    #: The JetStream stream (SPEC 9).
+    NATS = "nats"
+
+
+class Priority(enum.StrEnum):
+    """The scheduling class of the tap worker's threads."""
+
+    #: SCHED_IDLE: CPU no other task wants.
+    IDLE = "idle"
+    #: Only the niceness ``worker.nice``.
+    NICE = "nice"
+
+
+#: The template engines' names, for messages.
+TEMPLATE_ENGINES = tuple(TemplateEngine)
 
 
 @attrs.frozen
@@ -47,7 +100,9 @@ class ModelEntry:
     context_length: int | None = None
     #: ``minijinja`` (Dynamo's engine and environment) or ``jinja2``
     #: (transformers' sandbox, as vLLM and SGLang render).
-    template_engine: str = "minijinja"
+    template_engine: TemplateEngine = attrs.field(
+        default=TemplateEngine.MINIJINJA, converter=TemplateEngine
+    )
 
 
 @attrs.frozen
@@ -85,16 +140,16 @@ class ResponseOptions:
 class TapConfig:
     name: str
     topic: str
-    capture: str
+    capture: Capture = attrs.field(converter=Capture)
     endpoint: str
     filters: FilterSet
     models: tuple[str, ...] = ()
     sample: float = 1.0
-    sample_by: str = "request"
+    sample_by: SampleBy = attrs.field(default=SampleBy.REQUEST, converter=SampleBy)
     response: ResponseOptions | None = None
     capacity: int = 1024
     #: ``zmq`` (the tap's PUB socket) or ``nats`` (the JetStream stream, SPEC 9).
-    transport: str = "zmq"
+    transport: Transport = attrs.field(default=Transport.ZMQ, converter=Transport)
     #: The JetStream subject (``nats`` taps only; ``shadow.{topic}`` by default).
     subject: str | None = None
     #: ZeroMQ CURVE keys (``zmq`` taps only).
@@ -102,7 +157,7 @@ class TapConfig:
 
     @property
     def joined(self) -> bool:
-        return self.capture == "request_response"
+        return self.capture is Capture.REQUEST_RESPONSE
 
 
 @attrs.frozen
@@ -121,7 +176,7 @@ class WorkerOptions:
     processes: int | None = None
     #: ``idle``: SCHED_IDLE on every thread of the worker's processes (CPU no
     #: other task wants); ``nice``: only the niceness below.
-    priority: str = "idle"
+    priority: Priority = attrs.field(default=Priority.IDLE, converter=Priority)
     #: The niceness with ``priority: nice``, and where the OS has no idle class.
     nice: int = 19
     #: A request or record older than this is given up (dropped as ``late``)

@@ -27,6 +27,7 @@ tokenizer, no MessagePack; the worker does all of that in its own processes.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Callable
@@ -43,6 +44,17 @@ log = logging.getLogger(__name__)
 #: A worker connected for less than this may not have announced its dead
 #: predecessors' final states: its successor announces them again.
 ANNOUNCE_S = 10.0
+
+
+class HandoffDrop(enum.StrEnum):
+    """Why the serving loop dropped a hand-off message (``shadow_handoff_dropped_total``)."""
+
+    #: It would put more than ``worker.handoff_max_bytes`` in the transport's buffer.
+    FULL = "full"
+    #: No worker was connected.
+    WORKER_DEAD = "worker_dead"
+    #: The hand-off was closing.
+    CLOSED = "closed"
 
 
 class _Protocol(asyncio.Protocol):
@@ -79,9 +91,9 @@ class Handoff:
         #: Writes to the socket (one per loop iteration with messages).
         self.flushes = 0
         dropped = metrics.handoff_dropped
-        self._dropped_full = dropped.labels("full")
-        self._dropped_dead = dropped.labels("worker_dead")
-        self._dropped_closed = dropped.labels("closed")
+        self._dropped_full = dropped.labels(HandoffDrop.FULL)
+        self._dropped_dead = dropped.labels(HandoffDrop.WORKER_DEAD)
+        self._dropped_closed = dropped.labels(HandoffDrop.CLOSED)
         self._next_key = 0
         #: Requests whose ``q`` message could not be queued (since start): the
         #: worker counts each on every tap (``handoff_full``), its seq taken.

@@ -42,6 +42,7 @@ The shard restarts itself between requests past ``worker.max_rss_mb``
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -59,6 +60,18 @@ DEFAULT_PROMPT_BYTES = 131072 * MAX_BYTES_PER_TOKEN
 #: API's lifecycle events. Four times over, so that only a broken frontend meets it.
 EVENTS_PER_TOKEN = 4
 EVENT_SLACK = 256
+
+
+class WorkBudget(enum.StrEnum):
+    """Which budget a response was read no further past
+    (``shadow_worker_budget_exceeded_total{budget}``)."""
+
+    #: ``worker.max_decoded_bytes``.
+    DECODED = "decoded"
+    #: More events than ``n`` x ``max_tokens`` accounts for.
+    EVENTS = "events"
+    #: ``worker.max_request_cpu_s``.
+    CPU = "cpu"
 
 
 def response_events(n: int, max_tokens: int | None, context_length: int | None) -> int | None:

@@ -23,6 +23,8 @@ send, lag is the consumer's own (visible in the frame's ``published_at``).
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -30,7 +32,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 LAG_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 )  # fmt: skip
-STAGES = ("intake", "end", "queue")
+
+
+class LateStage(enum.StrEnum):
+    """Where a request or record too old was given up (``shadow_worker_late_total``)."""
+
+    INTAKE = "intake"
+    END = "end"
+    QUEUE = "queue"
 
 
 @attrs.frozen
@@ -74,6 +83,6 @@ def late_counter(registry: CollectorRegistry) -> Counter:
         ["stage"],
         registry=registry,
     )
-    for stage in STAGES:
+    for stage in LateStage:
         counter.labels(stage)
     return counter

@@ -40,7 +40,7 @@ import zmq
 from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.channel import control
 from shadow_proxy.channel import frames as hf
-from shadow_proxy.config import Config
+from shadow_proxy.config import Config, Priority, Transport
 from shadow_proxy.worker import priority
 from shadow_proxy.worker.main.pool import Pool
 from shadow_proxy.worker.main.publishers import curve
@@ -150,7 +150,7 @@ def _jetstream_link(config: Config) -> Any:
     """The JetStream link when a tap publishes to NATS (None otherwise); it starts
     connecting now, while the shards load the tokenizers. Imported only then: a
     worker without NATS taps does not load nats-py."""
-    if not any(tap.transport == "nats" for tap in config.taps):
+    if not any(tap.transport is Transport.NATS for tap in config.taps):
         return None
     from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
 
@@ -229,7 +229,7 @@ def run(
         publishing.close()
         return fail(f"hand-off: {e}")
     achieved = priority.lower_priority(
-        fallback_nice=config.worker.nice, idle=config.worker.priority == "idle"
+        fallback_nice=config.worker.nice, idle=config.worker.priority is Priority.IDLE
     )
     if achieved.fallback_reason:
         log.warning("the tap worker runs at nice %d: %s", config.worker.nice,

@@ -50,7 +50,14 @@ from shadow_proxy.exchange import EndKind
 from shadow_proxy.worker import messages as sw
 from shadow_proxy.worker.lag import LagBound
 from shadow_proxy.worker.main.publishing import Publishing
-from shadow_proxy.worker.main.shards import OpenRequest, PoolMetrics, Shard, spawn_shard, write_out
+from shadow_proxy.worker.main.shards import (
+    OpenRequest,
+    PoolMetrics,
+    RestartReason,
+    Shard,
+    spawn_shard,
+    write_out,
+)
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +324,7 @@ class Pool:
         log.warning(
             "shard %d at %d MiB (over worker.max_rss_mb): replacing it", shard.index, rss_mb
         )
-        self.restarts.labels("recycled").inc()
+        self.restarts.labels(RestartReason.RECYCLED).inc()
         replacement = self.spawn(shard.index)
         replacement.replaces = True
         self.replacing[shard.index] = replacement
@@ -351,7 +358,7 @@ class Pool:
                 if shard.ready:
                     log.error("shard %d (pid %d) died; starting it again", shard.index,
                               shard.process.pid)  # fmt: skip
-                    self.restarts.labels("died").inc()
+                    self.restarts.labels(RestartReason.DIED).inc()
                     self._restart_at[shard.index] = time.monotonic()
                 else:
                     self._restart_at[shard.index] = time.monotonic() + RESTART_DELAY_S

@@ -28,7 +28,7 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import checkpoint as cp
-from shadow_proxy.config import Config
+from shadow_proxy.config import Config, Transport
 from shadow_proxy.records.wire import Heartbeat
 from shadow_proxy.worker.lag import LagBound, late_counter, record_lag_histogram
 from shadow_proxy.worker.main.publishers import curve
@@ -76,7 +76,7 @@ class Publishing:
         self.authenticator = curve.start_authenticator(context, keys)
         for queue in self.queues:
             tap = queue.config
-            if tap.transport == "nats":
+            if tap.transport is Transport.NATS:
                 self.publishers.append(link.publisher(queue))
                 continue
             try:

@@ -5,6 +5,7 @@ spawned, how its output is written without blocking; the pool's own metrics.
 
 from __future__ import annotations
 
+import enum
 import os
 import pickle
 import socket
@@ -36,6 +37,15 @@ def default_processes() -> int:
     except (OSError, ValueError):
         pass
     return max(1, cores)
+
+
+class RestartReason(enum.StrEnum):
+    """Why a shard was started again (``shadow_worker_shard_restarts_total{reason}``)."""
+
+    #: A crash or a kill.
+    DIED = "died"
+    #: Over ``worker.max_rss_mb``, replaced between requests.
+    RECYCLED = "recycled"
 
 
 @attrs.define(eq=False)
@@ -107,7 +117,7 @@ class PoolMetrics:
             ["reason"],
             registry=registry,
         )
-        for reason in ("died", "recycled"):
+        for reason in RestartReason:
             self.restarts.labels(reason)
         self.processes = Gauge(
             "shadow_worker_processes", "Tap worker processes (shards) running.", registry=registry

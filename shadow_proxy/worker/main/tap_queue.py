@@ -13,23 +13,7 @@ import collections
 import attrs
 
 from shadow_proxy.config import TapConfig
-
-#: Reasons a tap loses a record. ``full``: its queue is at capacity (the
-#: consumer is slow or stopped). ``closed``: the publisher is gone (shutdown
-#: deadline passed, socket closed). ``handoff_full``: the serving loop could
-#: not hand the request or its response to the worker. ``evicted``: the
-#: worker tracked too many unfinished requests and gave up on the oldest.
-#: ``encode_error``: the record could not be encoded. ``projection_error``:
-#: this tap's filters failed on the request (e.g. input nested too deep).
-#: ``late``: the request or record was older than ``worker.max_lag_s``
-#: (``worker/lag.py``). ``worker_died``: the worker process (or the shard)
-#: that held the request died or was stopped before its record existed.
-#: ``worker_error``: handling the request failed (a bug) before this tap's
-#: record existed.
-DROP_REASONS = (
-    "full", "closed", "handoff_full", "evicted", "encode_error", "projection_error", "late",
-    "worker_died", "worker_error",
-)  # fmt: skip
+from shadow_proxy.exchange import DROP_REASONS, DropReason
 
 
 @attrs.define
@@ -59,10 +43,10 @@ class TapQueue:
     def offer(self, payload: bytes, ready_mono_ns: int = 0) -> bool:
         """Queue an encoded envelope; never blocks. False when dropped (counted)."""
         if self.closed:
-            self.dropped["closed"] += 1
+            self.dropped[DropReason.CLOSED] += 1
             return False
         if len(self.items) >= self.config.capacity:
-            self.dropped["full"] += 1
+            self.dropped[DropReason.FULL] += 1
             return False
         self.items.append(payload)
         self.ready.append(ready_mono_ns)
@@ -73,7 +57,7 @@ class TapQueue:
         """The oldest queued record and when it was ready."""
         return self.items.popleft(), self.ready.popleft()
 
-    def drop(self, reason: str, count: int = 1) -> None:
+    def drop(self, reason: DropReason, count: int = 1) -> None:
         """Count records lost before they reached the queue; their seqs are taken."""
         self.next_seq += count
         self.dropped[reason] += count
@@ -87,7 +71,7 @@ class TapQueue:
         """Stop taking records; the ones still queued are lost as ``closed``."""
         self.closed = True
         lost = len(self.items)
-        self.dropped["closed"] += lost
+        self.dropped[DropReason.CLOSED] += lost
         self.items.clear()
         self.ready.clear()
         return lost

@@ -11,39 +11,29 @@ from typing import Any
 
 import attrs
 
-NOT_MIRRORED_REASONS: tuple[str, ...] = (
-    "content_encoding",  # a Content-Encoding the worker does not decode, or bytes that fail to
-    "body_too_large",  # the decoded body exceeds upstream.max_request_bytes
-    "too_large",  # the serving loop answered 413 (counted there: the worker never sees it)
-    "body_timeout",  # the serving loop answered 408 (counted there)
-    "non_utf8",  # the body is not UTF-8
-    "invalid_json",  # the body is not JSON (NaN and Infinity included, as serde rejects them)
-    "not_an_object",  # the JSON is not an object
-    "missing_model",  # no string `model`
-    "unknown_model",  # a model not in the configuration
-    "missing_messages",  # chat without a non-empty `messages` list, responses without `input`
-    "missing_prompt",  # completions without `prompt` (or `prompt_embeds`)
-    "invalid_field",  # a field of the wrong type or shape; the frontend rejects it too
-    "batch_prompt",  # a guard: batches are split into one request per prompt before this
-    "prompt_over_budget",  # prompt text over worker.max_prompt_bytes: not rendered or encoded
-    "template_error",  # the chat template failed (raise_exception included) or is missing
-    "tokenizer_error",  # the tokenizer failed
-    "previous_response",  # responses: `previous_response_id`, a prompt the frontend keeps
-    "stored_prompt",  # responses: `prompt` (a stored prompt template), kept by the frontend
-    "unsupported_route",  # not a chat, completions or responses request
-    "internal_error",  # a bug here; logged with the exception type only
-)
+from shadow_proxy.exchange import NotMirrored as NotMirroredReason
+
+#: Why a request yields no record (the vocabulary both processes count).
+NOT_MIRRORED_REASONS = tuple(NotMirroredReason)
 
 U32 = 2**32
 I32 = 2**31
 I64 = 2**63
 
 
+def _reason(value: str) -> NotMirroredReason:
+    try:
+        return NotMirroredReason(value)
+    except ValueError:
+        msg = f"'reason' must be one of NOT_MIRRORED_REASONS (got {value!r})"
+        raise ValueError(msg) from None
+
+
 @attrs.frozen
 class NotMirrored:
     """A request that yields no record, and why (a value of ``NOT_MIRRORED_REASONS``)."""
 
-    reason: str = attrs.field(validator=attrs.validators.in_(NOT_MIRRORED_REASONS))
+    reason: NotMirroredReason = attrs.field(converter=_reason)
 
 
 class Reject(Exception):
@@ -51,7 +41,7 @@ class Reject(Exception):
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
-        self.reason = reason
+        self.reason = _reason(reason)
 
 
 def reject_constant(_name: str) -> None:

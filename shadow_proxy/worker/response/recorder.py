@@ -51,6 +51,7 @@ from array import array
 from typing import Any
 
 from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker.budget import WorkBudget
 from shadow_proxy.worker.response import outcome
 from shadow_proxy.worker.response.chat_object import read_object
 from shadow_proxy.worker.response.choices import ChoiceTable
@@ -115,7 +116,7 @@ class ResponseRecorder:
         self.cpu_deadline: float | None = None
         self.cpu_reason = "work budget: CPU time"
         #: Why the body was read no further (a work budget), or None; and which
-        #: budget ("decoded", "events", "cpu").
+        #: budget.
         self.gave_up: str | None = None
         self.gave_up_on: str | None = None
 
@@ -192,14 +193,14 @@ class ResponseRecorder:
                     if self._decoded > self._max_decoded:
                         self.give_up(
                             f"work budget: body decodes to over {self._max_decoded} bytes",
-                            "decoded",
+                            WorkBudget.DECODED,
                         )
                         return
                 self._consume(piece, offset_ns)
                 if self._ignoring:
                     return
                 if deadline is not None and time.thread_time() > deadline:
-                    self.give_up(self.cpu_reason, "cpu")
+                    self.give_up(self.cpu_reason, WorkBudget.CPU)
                     return
         except DecodeError as exc:
             self._decoder = None
@@ -207,7 +208,7 @@ class ResponseRecorder:
             self._problem = clip(f"corrupt {self._encoding} body: {exc}")
             self._body = None
 
-    def give_up(self, reason: str, budget: str) -> None:
+    def give_up(self, reason: str, budget: WorkBudget) -> None:
         """Read no more of the body (``budget`` is spent): the record carries what
         was read so far, its outcome ``incomplete`` with ``reason`` unless the
         response had already failed or finished."""
@@ -278,7 +279,7 @@ class ResponseRecorder:
                 if limit is not None and self._events > limit:
                     self.give_up(
                         f"work budget: over {limit} events, more than max_tokens accounts for",
-                        "events",
+                        WorkBudget.EVENTS,
                     )
                     return
                 self._on_event(event, offset_ns)

@@ -30,7 +30,7 @@ import attrs
 
 from shadow_proxy.channel import frames as hf
 from shadow_proxy.channel import headers as engine_headers
-from shadow_proxy.config import Config, TapConfig
+from shadow_proxy.config import Config, SampleBy, TapConfig
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, sample_in
@@ -228,7 +228,7 @@ class Joiner:
         if config.sample < 1.0:
             key = (
                 prefix_sample_key(pre.token_ids)
-                if config.sample_by == "prefix"
+                if config.sample_by is SampleBy.PREFIX
                 else request_sample_key(pending.request_id)
             )
             if not sample_in(key, config.sample):

@@ -44,10 +44,11 @@ from typing import Any
 from prometheus_client import Counter
 
 from shadow_proxy.channel import frames as hf
-from shadow_proxy.config import Config, TapConfig
+from shadow_proxy.config import Config, Priority, TapConfig
 from shadow_proxy.exchange import EndKind
 from shadow_proxy.worker import messages as sw
 from shadow_proxy.worker import priority
+from shadow_proxy.worker.budget import WorkBudget
 from shadow_proxy.worker.lag import LagBound, intake_lag_histogram, late_counter
 from shadow_proxy.worker.request.tokenizer import ModelLoadError
 from shadow_proxy.worker.shard.joiner import Joiner
@@ -150,7 +151,7 @@ class ShardLoop:
             ["budget"],
             registry=registry,
         )
-        for budget in ("decoded", "events", "cpu"):
+        for budget in WorkBudget:
             self.budget_exceeded.labels(budget)
         registry.register(TokenizerMetrics(joiner.models))
 
@@ -233,7 +234,7 @@ class ShardLoop:
         if recorder is None:
             return  # only the end matters (prompt-token check)
         if self.open[key] > self.max_cpu_s:
-            recorder.give_up(self.cpu_reason, "cpu")
+            recorder.give_up(self.cpu_reason, WorkBudget.CPU)
             self._count_budget(key, recorder)
             return
         started = self.set_deadline(key, recorder)
@@ -369,7 +370,9 @@ def run(config: Config, token: int, path: str, processes: int) -> int:
         return 1
     loop = ShardLoop(config, joiner, sock, processes)
     worker = config.worker
-    achieved = priority.lower_priority(fallback_nice=worker.nice, idle=worker.priority == "idle")
+    achieved = priority.lower_priority(
+        fallback_nice=worker.nice, idle=worker.priority is Priority.IDLE
+    )
     info = {"pid": os.getpid(), "policy": achieved.policy, "fallback": achieved.fallback_reason}
     loop.emit(sw.ready(info))
     loop.flush()

@@ -6,8 +6,8 @@ from prometheus_client import CollectorRegistry
 
 from shadow_proxy.worker.lag import (
     LAG_BUCKETS,
-    STAGES,
     LagBound,
+    LateStage,
     intake_lag_histogram,
     late_counter,
     record_lag_histogram,
@@ -36,5 +36,5 @@ class TestMetrics:
         assert value("shadow_tap_record_lag_seconds_bucket", {"tap": "kv", "le": "300.0"}) == 0
         assert value("shadow_tap_record_lag_seconds_bucket", {"tap": "kv", "le": "600.0"}) == 1
         assert value("shadow_worker_intake_lag_seconds_bucket", {"le": "0.001"}) == 1
-        for stage in STAGES:
+        for stage in LateStage:
             assert value("shadow_worker_late_total", {"stage": stage}) == 0

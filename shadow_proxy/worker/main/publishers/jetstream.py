@@ -60,7 +60,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
-from shadow_proxy.config import Config, NatsConfig
+from shadow_proxy.config import Config, NatsConfig, Transport
 from shadow_proxy.worker.main.publishers.jetstream_metrics import JetStreamMetrics, LinkStats
 from shadow_proxy.worker.main.publishers.jetstream_stream import ensure_stream
 from shadow_proxy.worker.main.publishers.jetstream_tap import JetStreamPublisher
@@ -113,7 +113,7 @@ class JetStreamLink:
     @classmethod
     def for_config(cls, config: Config) -> JetStreamLink | None:
         """A started link when a tap uses NATS, else None."""
-        if config.nats is None or not any(t.transport == "nats" for t in config.taps):
+        if config.nats is None or not any(t.transport is Transport.NATS for t in config.taps):
             return None
         link = cls(config.nats)
         link.start()

@@ -24,7 +24,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from shadow_proxy.config import NatsConfig
+from shadow_proxy.config import Discard, NatsConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def stream_config(config: NatsConfig, subjects: Sequence[str]) -> api.StreamConf
         num_replicas=config.replicas,
         max_bytes=config.max_bytes,
         max_age=config.max_age_s,
-        discard=api.DiscardPolicy.NEW if config.discard == "new" else api.DiscardPolicy.OLD,
+        discard=api.DiscardPolicy.NEW if config.discard is Discard.NEW else api.DiscardPolicy.OLD,
         duplicate_window=DUPLICATE_WINDOW_S,
     )
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from shadow_proxy.config.values import TapConfig
+from shadow_proxy.exchange import DROP_REASONS
 from shadow_proxy.records.filters import FilterSet
-from shadow_proxy.worker.main.tap_queue import DROP_REASONS, TapQueue
+from shadow_proxy.worker.main.tap_queue import TapQueue
 
 
 def queue(capacity: int = 2) -> TapQueue:
