@@ -13,6 +13,14 @@ pages when the process dies. Two slots, written in turn, each with a counter
 and a CRC: a write cut by the kill leaves the other slot, which still claims
 every seq that was sent.
 
+Within a batch, each record that leaves a tap's queue is noted at once in the
+tap's ``Progress`` (its sent, failed and late counts and transport sequence:
+a few bytes with their own CRC, beside the slots). A kill in the middle of a
+batch then counts as lost only the records not handed to the socket, never
+one a consumer received. What ZeroMQ had taken but not yet written to the
+network when the process died is lost after its send: the consumer sees it as
+a transport-sequence gap of that publisher, as SPEC 4 says of ZeroMQ's losses.
+
 After the death the serving process knows what the worker could not: how many
 requests it handed over on that connection, how many it could not hand over,
 and how many arrived while no worker was there. ``final_states`` turns that
@@ -31,13 +39,16 @@ import os
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
 
 import attrs
 import msgpack
 
 #: Slot header: write counter, body length, CRC-32 of the body.
 _SLOT_HEADER = struct.Struct(">QII")
+#: A tap's progress: published, publish errors, late drops, next transport
+#: sequence; then the CRC-32 of those 32 bytes.
+_PROGRESS = struct.Struct(">QQQQ")
+_PROGRESS_BYTES = _PROGRESS.size + 4
 
 
 @attrs.frozen
@@ -63,6 +74,28 @@ class TapState:
     def unsent(self) -> int:
         """Records with a seq that were neither sent, nor failed, nor counted lost."""
         return self.next_seq - self.published - self.publish_errors - sum(self.dropped.values())
+
+
+@attrs.frozen
+class Progress:
+    """A tap's sends as they happen (between two checkpoints)."""
+
+    published: int
+    publish_errors: int
+    late: int
+    next_transport: int
+
+    def apply(self, state: TapState) -> TapState:
+        """``state`` with what was sent since it was written (counts only grow)."""
+        dropped = dict(state.dropped)
+        dropped["late"] = max(dropped.get("late", 0), self.late)
+        return attrs.evolve(
+            state,
+            published=max(state.published, self.published),
+            publish_errors=max(state.publish_errors, self.publish_errors),
+            next_transport=max(state.next_transport, self.next_transport),
+            dropped=dropped,
+        )
 
 
 @attrs.frozen
@@ -144,25 +177,18 @@ def counter_samples(state: TapState) -> list[tuple[str, dict[str, str], int]]:
     return samples
 
 
-def to_plain(state: TapState) -> dict[str, Any]:
-    """A state as plain data (the hello message carries final states)."""
-    return attrs.asdict(state)
-
-
-def from_plain(data: dict[str, Any]) -> TapState:
-    return TapState(**data)
-
-
 class CheckpointFile:
-    """Two slots in a memory-mapped file; ``write`` alternates between them."""
+    """Two slots in a memory-mapped file (``write`` alternates between them), then
+    one progress record per tap."""
 
-    def __init__(self, path: str | Path, slot_bytes: int):
+    def __init__(self, path: str | Path, taps: int):
         self.path = str(path)
-        self.slot_bytes = slot_bytes
+        self.slot_bytes = slot_bytes = self.size_for(taps)
+        size = 2 * slot_bytes + taps * _PROGRESS_BYTES
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.ftruncate(fd, 2 * slot_bytes)
-            self._map = mmap.mmap(fd, 2 * slot_bytes)
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self._count = 0
@@ -171,6 +197,15 @@ class CheckpointFile:
     def size_for(taps: int) -> int:
         """Bytes per slot that hold ``taps`` tap states with room to spare."""
         return 4096 + 1024 * taps
+
+    def progress(self, tap: int, progress: Progress) -> None:
+        """Note tap ``tap``'s sends now (a record just left its queue)."""
+        body = _PROGRESS.pack(*attrs.astuple(progress))
+        offset = 2 * self.slot_bytes + tap * _PROGRESS_BYTES
+        self._map[offset : offset + _PROGRESS.size] = body
+        self._map[offset + _PROGRESS.size : offset + _PROGRESS_BYTES] = zlib.crc32(body).to_bytes(
+            4, "big"
+        )
 
     def write(self, checkpoint: Checkpoint) -> None:
         body = checkpoint.encode()
@@ -194,7 +229,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint | None:
     except OSError:
         return None
     best: tuple[int, bytes] | None = None
-    slot = len(data) // 2
+    # The file is two slots of ``size_for(taps)`` bytes, then the taps' progress.
+    taps, extra = divmod(len(data) - 2 * CheckpointFile.size_for(0), 2 * 1024 + _PROGRESS_BYTES)
+    if taps < 0 or extra:
+        return None
+    slot = CheckpointFile.size_for(taps)
     for offset in (0, slot):
         if slot < _SLOT_HEADER.size:
             break
@@ -206,6 +245,17 @@ def read_checkpoint(path: str | Path) -> Checkpoint | None:
     if best is None:
         return None
     try:
-        return Checkpoint.decode(best[1])
+        checkpoint = Checkpoint.decode(best[1])
     except (ValueError, TypeError, msgpack.UnpackException):
         return None
+    taps = []
+    for index, state in enumerate(checkpoint.taps):
+        offset = 2 * slot + index * _PROGRESS_BYTES
+        record = data[offset : offset + _PROGRESS_BYTES]
+        whole = len(record) == _PROGRESS_BYTES and zlib.crc32(
+            record[: _PROGRESS.size]
+        ) == int.from_bytes(record[_PROGRESS.size :], "big")
+        if whole and any(record[: _PROGRESS.size]):
+            state = Progress(*_PROGRESS.unpack(record[: _PROGRESS.size])).apply(state)
+        taps.append(state)
+    return attrs.evolve(checkpoint, taps=tuple(taps))

@@ -1,83 +1,182 @@
-"""Metric families from processes that come and go, summed, counters never backwards.
+"""Metric families of processes that come and go, combined; nothing reported is lost. Pure.
 
-Pure. Families travel as plain data (``control.Family``: name, type,
-documentation, samples ``[sample_name, labels, value]``). ``Totals`` keeps the
-latest families of each source (a shard of the tap worker in the worker's
-main; the worker itself in the serving process) and yields their sum. When a
-source is replaced (it died, or was recycled), ``retire`` moves its last
-counter values into a base that is added from then on, so a counter never
-goes backwards; gauges of a retired source simply disappear. A counter's
-increments between the source's last snapshot and its death are lost (at most
-one snapshot interval), unless the caller knows the final values and passes
-them with ``add``.
+Families travel as plain data (``Family``: name, type, documentation, samples
+``[sample_name, labels, value]``), each report a process's absolute values:
+a shard's to the worker's main (by its spawn token), the main's (its own and its
+shards' combined) to the serving process (by the worker's generation).
+
+``Totals`` keeps, per source, the highest value each counter sample reached in
+its reports. So the order of reports does not matter and none is needed twice: a
+report that is lost is made good by the next, a report that arrives after its
+source was declared gone (``retire``: a death seen before the last report was
+read) still counts, and the final values the serving process works out for a
+dead worker (``raise_to``: its checkpoint, plus the loss its death caused) raise
+the dead source's counters to them. A source's counters only grow, so the
+highest value is its latest.
+
+Combined (``families``), by what a sample means:
+
+- counts (a counter's ``_total``, a histogram's ``_bucket``, ``_count`` and
+  ``_sum``, a summary's ``_count`` and ``_sum``): summed over every source, live
+  or gone, so a counter never goes backwards when a process is replaced;
+- ``_created``: the earliest of every source (the combined count began then);
+- gauges: of the live sources only (a gone process holds nothing). Summed only
+  where the gauge is an amount that adds up across processes (``ADDITIVE``:
+  bytes held, processes counted); any other gauge reported by several live
+  sources is the latest report's.
+
+What a SIGKILLed process counted after its last report is not known to anyone:
+a shard reports right after the records it counts when idle, once a second
+when busy; the worker's tap counters are recovered from its checkpoint.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
-from shadow_proxy.channel.control import Family
+from prometheus_client import CollectorRegistry
 
-#: Family types whose samples only grow.
-_GROWING = frozenset({"counter", "histogram", "summary"})
+#: A metric family as plain data: name, type, documentation and samples
+#: ``[sample_name, labels, value]``.
+Family = list[Any]
 
-_Key = tuple[str, str, tuple[tuple[str, str], ...]]
+#: Gauges that are amounts adding up across processes.
+ADDITIVE = frozenset({"shadow_tokenizer_cache_bytes", "shadow_tokenizer_incremental_processes"})
+_COUNTS = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_count", "_sum"),
+    "gauge_histogram": (),
+    "summary": ("_count", "_sum"),
+}
+
+_Labels = tuple[tuple[str, str], ...]
+_Sample = tuple[str, _Labels]
 
 
-def _grows(kind: str, sample_name: str) -> bool:
-    return kind in _GROWING and not sample_name.endswith("_created")
+def snapshot(registry: CollectorRegistry) -> list[Family]:
+    """A registry's samples as plain data, for a report."""
+    return [
+        [
+            family.name,
+            family.type,
+            family.documentation,
+            [[s.name, s.labels, s.value] for s in family.samples],
+        ]
+        for family in registry.collect()
+    ]
+
+
+def _meaning(kind: str, family: str, sample: str) -> str:
+    """``count``, ``created``, ``additive`` or ``gauge``."""
+    if sample.endswith("_created"):
+        return "created"
+    if any(sample.endswith(suffix) for suffix in _COUNTS.get(kind, ())):
+        return "count"
+    return "additive" if family in ADDITIVE else "gauge"
+
+
+class _Source:
+    __slots__ = ("counts", "gauges", "live", "order")
+
+    def __init__(self) -> None:
+        #: family -> sample -> (meaning, value): counts and ``_created``.
+        self.counts: dict[str, dict[_Sample, tuple[str, float]]] = {}
+        #: family -> sample -> (meaning, value): the latest report's gauges.
+        self.gauges: dict[str, dict[_Sample, tuple[str, float]]] = {}
+        self.live = True
+        #: When it last reported (a counter over every report): the latest wins.
+        self.order = 0
 
 
 class Totals:
-    """The sum of every source's latest families, plus what retired sources counted."""
+    """Every source's reports, combined as the module docstring says."""
 
     def __init__(self) -> None:
-        self._current: dict[Hashable, list[Family]] = {}
-        self._base: dict[_Key, float] = {}
+        self._sources: dict[Hashable, _Source] = {}
         #: name -> (type, documentation), in first-seen order.
         self._meta: dict[str, tuple[str, str]] = {}
+        self._reports = 0
+
+    def _source(self, source: Hashable) -> _Source:
+        found = self._sources.get(source)
+        if found is None:
+            found = self._sources[source] = _Source()
+        return found
 
     def update(self, source: Hashable, families: list[Family]) -> None:
-        self._current[source] = families
-        for name, kind, doc, _ in families:
+        """A report of ``source``: absolute values."""
+        state = self._source(source)
+        self._reports += 1
+        state.order = self._reports
+        gauges: dict[str, dict[_Sample, tuple[str, float]]] = {}
+        for name, kind, doc, samples in families:
             self._meta.setdefault(name, (kind, doc))
-
-    def retire(self, source: Hashable, keep: Callable[[str], bool] = lambda name: True) -> None:
-        """The source is gone: its counters (of the families ``keep`` accepts) stay
-        counted; everything else it reported is forgotten."""
-        for name, kind, _, samples in self._current.pop(source, []):
-            if not keep(name):
-                continue
             for sample_name, labels, value in samples:
-                if _grows(kind, sample_name):
-                    self._add_base(name, sample_name, labels, value)
+                meaning = _meaning(kind, name, sample_name)
+                key = (sample_name, tuple(sorted(labels.items())))
+                if meaning in ("count", "created"):
+                    self._raise(state, name, key, meaning, value)
+                else:
+                    gauges.setdefault(name, {})[key] = (meaning, value)
+        if state.live:
+            state.gauges = gauges
 
-    def add(self, family: str, kind: str, doc: str, samples: Iterable[tuple[str, dict, float]]):
-        """Add counts a retired source made that its snapshots did not show."""
+    def _raise(self, state: _Source, name: str, key: _Sample, meaning: str, value: float):
+        family = state.counts.setdefault(name, {})
+        old = family.get(key)
+        if old is None:
+            family[key] = (meaning, value)
+        elif meaning == "created":
+            family[key] = (meaning, min(old[1], value))
+        elif value > old[1]:
+            family[key] = (meaning, value)
+
+    def retire(self, source: Hashable) -> None:
+        """The source is gone: its counts stay counted, its gauges go."""
+        state = self._source(source)
+        state.live = False
+        state.gauges = {}
+
+    def raise_to(
+        self,
+        source: Hashable,
+        family: str,
+        kind: str,
+        doc: str,
+        samples: Iterable[tuple[str, dict[str, str], float]],
+    ) -> None:
+        """Counts ``source`` made that its reports may not show (a dead worker's
+        final values): each sample is raised to at least this."""
         self._meta.setdefault(family, (kind, doc))
+        state = self._source(source)
         for sample_name, labels, value in samples:
-            self._add_base(family, sample_name, labels, value)
-
-    def _add_base(self, family: str, sample_name: str, labels: dict, value: float) -> None:
-        key = (family, sample_name, tuple(sorted(labels.items())))
-        self._base[key] = self._base.get(key, 0) + value
+            key = (sample_name, tuple(sorted(labels.items())))
+            self._raise(state, family, key, _meaning(kind, family, sample_name), value)
 
     def families(self) -> list[Family]:
-        sums: dict[str, dict[tuple[str, tuple], float]] = {name: {} for name in self._meta}
-        for (family, sample_name, labels), value in self._base.items():
-            sums[family][(sample_name, labels)] = value
-        for families in self._current.values():
-            for name, _, _, samples in families:
-                into = sums[name]
-                for sample_name, labels, value in samples:
-                    key = (sample_name, tuple(sorted(labels.items())))
-                    into[key] = into.get(key, 0) + value
-        result: list[Family] = []
-        for name, (kind, doc) in self._meta.items():
-            samples: list[Any] = [
-                [sample_name, dict(labels), value]
-                for (sample_name, labels), value in sums[name].items()
-            ]
-            result.append([name, kind, doc, samples])
-        return result
+        combined: dict[str, dict[_Sample, float]] = {name: {} for name in self._meta}
+        latest: dict[tuple[str, _Sample], int] = {}
+        for state in self._sources.values():
+            for name, samples in state.counts.items():
+                into = combined[name]
+                for key, (meaning, value) in samples.items():
+                    if key not in into:
+                        into[key] = value
+                    elif meaning == "created":
+                        into[key] = min(into[key], value)
+                    else:
+                        into[key] += value
+            for name, samples in state.gauges.items():
+                into = combined[name]
+                for key, (meaning, value) in samples.items():
+                    if key in into and meaning == "additive":
+                        into[key] += value
+                    elif key not in into or state.order > latest[(name, key)]:
+                        into[key] = value
+                        latest[(name, key)] = state.order
+        return [
+            [name, kind, doc, [[sample, dict(labels), value] for (sample, labels), value in rows]]
+            for name, (kind, doc) in self._meta.items()
+            for rows in (combined[name].items(),)
+        ]

@@ -34,7 +34,7 @@ REQUIRED_FIELDS = (
 def build_envelope(
     *,
     tap: str,
-    seq: int,
+    seq: int | None,
     request_id: str,
     origin: str,
     filters: Sequence[str],
@@ -49,7 +49,9 @@ def build_envelope(
     ``request`` is the projected preprocessed request (``FilterSet.project``); it
     is referenced, not copied, so taps sharing a projection share one dict.
     ``response`` is present only for ``request_response`` taps;
-    ``prompt_index`` only for the records of a batch's prompts.
+    ``prompt_index`` only for the records of a batch's prompts. ``seq`` None: the
+    seq is written by the owner of the tap's seqs (``worker/sink.py``), which
+    encodes around it.
     """
     if origin not in ORIGINS:
         msg = f"'origin' must be one of {sorted(ORIGINS)} (got {origin!r})"

@@ -4,9 +4,9 @@ A Unix stream socket in the serving process's private directory: the serving
 process listens, the worker's main connects. The serving loop writes with its
 own uvloop transport: messages are gathered and flushed once per loop
 iteration (one ``writev`` for every message of that iteration), with no
-I/O thread to wake and no extra system call per message. Framing:
-``channel.frames.stream_buffers`` (a u32 length, then each frame's length and
-bytes; the frames are not copied).
+I/O thread to wake and no extra system call per message. The messages are
+``channel/handoff.py``'s; framing ``channel.stream.stream_buffers`` (a u32
+length, then each frame's length and bytes; the frames are not copied).
 
 Bounded in bytes: a message that would put more than ``max_bytes`` in the
 transport's buffer (what the worker has not read yet, beyond the kernel's
@@ -32,10 +32,18 @@ import logging
 import time
 from collections.abc import Callable
 
-import msgpack
-
 from shadow_proxy.channel import checkpoint as cp
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import (
+    KEY,
+    Chunks,
+    End,
+    HandoffMessage,
+    Head,
+    Hello,
+    Last,
+    Request,
+)
+from shadow_proxy.channel.stream import stream_buffers
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.serving.metrics import ProxyMetrics
 
@@ -116,7 +124,7 @@ class Handoff:
         #: Final states of dead publishers the next worker announces.
         self._tombstones: list[cp.TapState] = []
         #: Called with the final states when a dead worker has been accounted for.
-        self.on_final_states: Callable[[tuple[cp.TapState, ...]], None] | None = None
+        self.on_final_states: Callable[[int, tuple[cp.TapState, ...]], None] | None = None
 
     async def start(self) -> None:
         """Listen on ``path`` (the worker connects)."""
@@ -124,11 +132,11 @@ class Handoff:
         self._server = await self._loop.create_unix_server(lambda: _Protocol(self), self.path)
 
     def close(self) -> None:
-        """Send the last message (``frames.LAST_MESSAGE``: nothing follows it on
-        this pipe, so the worker knows it has read everything), then close after
-        the buffer is written."""
+        """Send the last message (``Last``: nothing follows it on this pipe, so the
+        worker knows it has read everything), then close after the buffer is
+        written."""
         if self._transport is not None:
-            self._send([hf.LAST_MESSAGE])
+            self._send(Last())
             self._flush()
             self._transport.close()
         if self._server is not None:
@@ -161,7 +169,7 @@ class Handoff:
                     t for t in self._tombstones if t.publisher_id not in replaced
                 ] + list(finals)
                 if self.on_final_states is not None:
-                    self.on_final_states(finals)
+                    self.on_final_states(generation, finals)
             else:
                 log.error(
                     "tap worker %d left no checkpoint: %d request(s) it had are not counted",
@@ -176,12 +184,8 @@ class Handoff:
         self._transport = protocol.transport
         self._connected_generation = self.generation
         self._connected_at = now
-        hello = {
-            "generation": self.generation,
-            "lost_base": self._lost_requests,
-            "tombstones": [cp.to_plain(t) for t in self._tombstones],
-        }
-        buffers, _ = hf.stream_buffers([hf.KIND_HELLO + hf.KEY.pack(0), msgpack.packb(hello)])
+        hello = Hello(self.generation, self._lost_requests, tuple(self._tombstones))
+        buffers, _ = stream_buffers(hello.encode())
         self._transport.writelines(buffers)
         self.worker_alive = True
 
@@ -199,12 +203,12 @@ class Handoff:
 
     # -- messages ----------------------------------------------------------------
 
-    def _send(self, frames: list[bytes]) -> bool:
+    def _send(self, message: HandoffMessage) -> bool:
         transport = self._transport
         if transport is None:
             self._dropped_dead.inc()
             return False
-        buffers, size = hf.stream_buffers(frames)
+        buffers, size = stream_buffers(message.encode())
         if transport.get_write_buffer_size() + self._pending_bytes + size > self.max_bytes:
             self._dropped_full.inc()
             return False
@@ -224,9 +228,16 @@ class Handoff:
             self._pending = []
             self._pending_bytes = 0
 
-    def open(self, route: Route, request_id: str, body: bytes, arrival_unix_ns: int,
-             arrival_mono_ns: int, headers: bytes = b"",
-             content_encoding: str = "") -> Capture | None:  # fmt: skip
+    def open(
+        self,
+        route: Route,
+        request_id: str,
+        body: bytes,
+        arrival_unix_ns: int,
+        arrival_mono_ns: int,
+        headers: bytes = b"",
+        content_encoding: str = "",
+    ) -> Capture | None:
         """Hand a request to the worker; returns the capture for its response,
         or None when the request could not be handed over (counted).
 
@@ -234,12 +245,20 @@ class Handoff:
         ``headers`` the allow-listed request headers (``channel.headers.pick``);
         ``content_encoding`` the body's header, for the worker to decode its copy.
         """
-        key = hf.KEY.pack(self._next_key)
+        key = KEY.pack(self._next_key)
         self._next_key += 1
-        meta = hf.REQUEST_META.pack(route, arrival_unix_ns, arrival_mono_ns, self._lost_requests)
-        encoding = hf.pack_encoding(content_encoding)
-        frames = [hf.KIND_REQUEST + key + meta, request_id.encode(), body, headers, encoding]
-        if self._send(frames):
+        request = Request(
+            key,
+            route,
+            arrival_unix_ns,
+            arrival_mono_ns,
+            self._lost_requests,
+            request_id,
+            body,
+            headers,
+            content_encoding,
+        )
+        if self._send(request):
             self._requests_sent += 1
             return Capture(self, key, arrival_mono_ns, self.full_response)
         if self._transport is None:
@@ -273,8 +292,16 @@ class Capture:
     BATCH_CHUNKS = 32
     BATCH_BYTES = 64 * 1024
     __slots__ = (
-        "_arrival", "_bytes", "_chunks", "_full", "_handoff", "_head", "_key", "_lost", "_offsets",
-    )  # fmt: skip
+        "_arrival",
+        "_bytes",
+        "_chunks",
+        "_full",
+        "_handoff",
+        "_head",
+        "_key",
+        "_lost",
+        "_offsets",
+    )
 
     def __init__(self, handoff: Handoff, key: bytes, arrival_mono_ns: int, full: bool):
         self._handoff = handoff
@@ -285,12 +312,12 @@ class Capture:
         self._chunks: list[bytes] = []
         self._offsets: list[int] = []
         self._bytes = 0
-        self._head = b""
+        self._head: Head | None = None
 
     def head(self, status: int, content_type: str, content_encoding: str) -> None:
         """The response started; sent with the next chunk batch or the end."""
         offset = time.monotonic_ns() - self._arrival
-        self._head = hf.pack_head(status, offset, content_type, content_encoding)
+        self._head = Head(status, offset, content_type, content_encoding)
 
     def chunk(self, data: bytes) -> None:
         if self._lost:
@@ -304,12 +331,9 @@ class Capture:
             return
         self._bytes += len(data)
         if len(chunks) >= self.BATCH_CHUNKS or self._bytes >= self.BATCH_BYTES:
-            index, data = hf.pack_chunks(offsets, chunks)
-            frames = [hf.KIND_CHUNK + self._key, self._head, index, data]
-            self._lost = not self._handoff._send(frames)
-            self._head = b""
-            chunks.clear()
-            offsets.clear()
+            self._lost = not self._handoff._send(Chunks(self._key, self._head, offsets, chunks))
+            self._head = None
+            self._chunks, self._offsets = [], []
             self._bytes = 0
 
     def end(self, kind: EndKind, detail: str = "") -> None:
@@ -317,7 +341,6 @@ class Capture:
             kind = EndKind.CAPTURE_LOST
             self._chunks.clear()
             self._offsets.clear()
-        meta = hf.END_META.pack(kind, time.monotonic_ns() - self._arrival)
-        index, data = hf.pack_chunks(self._offsets, self._chunks)
-        frames = [hf.KIND_END + self._key + meta, self._head, detail.encode(), index, data]
-        self._handoff._send(frames)
+        offset = time.monotonic_ns() - self._arrival
+        end = End(self._key, kind, offset, self._head, detail, self._offsets, self._chunks)
+        self._handoff._send(end)

@@ -22,9 +22,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from shadow_proxy.channel.checkpoint import COUNTER_SAMPLES, TapState, counter_samples
-from shadow_proxy.channel.control import Family
-from shadow_proxy.channel.families import Totals
+from shadow_proxy.channel.checkpoint import TapState, counter_samples
+from shadow_proxy.channel.families import Family, Totals
 from shadow_proxy.metrics import LATENCY_BUCKETS
 from shadow_proxy.serving.logs import CLIENT_ERROR_KINDS
 
@@ -237,14 +236,15 @@ NOT_MIRRORED = "shadow_not_mirrored"
 class WorkerMetricsRelay(Collector):
     """Re-exports the tap worker's metrics on this registry; never backwards.
 
-    The worker sends its collected metric families every second; ``update``
-    keeps the latest and ``collect`` yields them, with the serving loop's own
-    not-mirrored counts (``not_mirrored``) added to ``shadow_not_mirrored`` (one
-    family, whichever process saw the reason). When the worker dies,
-    ``worker_died`` keeps what its last snapshot counted, and
-    ``dead_worker_finals`` adds its taps' final counters (from its checkpoint,
-    newer than its last snapshot, plus the loss its death caused): a counter
-    of the restarted worker starts from there.
+    The worker sends its metric families every second, absolute values tagged
+    with its generation; ``update`` keeps each generation's (``channel/families.py``:
+    a snapshot read after its worker died still counts for it) and ``collect``
+    yields them combined, with the serving loop's own not-mirrored counts
+    (``not_mirrored``) added to ``shadow_not_mirrored`` (one family, whichever
+    process saw the reason). When a worker dies, ``worker_died`` keeps what it
+    counted and drops its gauges, and ``dead_worker_finals`` raises its taps'
+    counters to their final values (from its checkpoint, plus the loss its death
+    caused): the restarted worker's counts are added to those.
     """
 
     def __init__(self) -> None:
@@ -253,17 +253,18 @@ class WorkerMetricsRelay(Collector):
         #: itself, so the worker never saw them.
         self.serving_not_mirrored: dict[str, int] = {}
 
-    def update(self, families: list[Family]) -> None:
-        self._totals.update("worker", families)
+    def update(self, generation: int, families: list[Family]) -> None:
+        self._totals.update(generation, families)
 
-    def worker_died(self) -> None:
-        self._totals.retire("worker", keep=lambda name: f"{name}_total" not in COUNTER_SAMPLES)
+    def worker_died(self, generation: int) -> None:
+        self._totals.retire(generation)
 
-    def dead_worker_finals(self, finals: Iterable[TapState]) -> None:
+    def dead_worker_finals(self, generation: int, finals: Iterable[TapState]) -> None:
         for state in finals:
             for sample, labels, value in counter_samples(state):
                 family = sample.removesuffix("_total")
-                self._totals.add(family, "counter", _TAP_DOCS[family], [(sample, labels, value)])
+                doc = _TAP_DOCS[family]
+                self._totals.raise_to(generation, family, "counter", doc, [(sample, labels, value)])
 
     def not_mirrored(self, reason: str) -> None:
         """Count a mirrored-route request the serving loop answered itself."""

@@ -2,10 +2,12 @@
 process and the relay of its metrics.
 
 ``taps_ctx`` is an aiohttp cleanup context. At start-up it listens on the
-hand-off, spawns the worker and waits until the worker has started its shards
-(which load the tokenizers), bound its tap sockets and connected (or says why
-it cannot: start-up then fails with that message). While serving, it reads
-the worker's snapshots each second and restarts the worker if it dies: the
+hand-off, spawns the worker (``lifeline.spawn``: it dies with this process)
+and waits until the worker has started its shards (which load the
+tokenizers), bound its tap sockets and connected (or says why it cannot:
+start-up then fails with that message). While serving, it reads the worker's
+control messages (``channel/control.py``: ``Ready`` once, then a ``Snapshot``
+each second) and restarts the worker if it dies: the
 dead worker's checkpoint and the hand-off's counts make every request it held
 a counted loss on each tap (``channel/checkpoint.py``), announced by the next
 worker on the dead publisher ids, and ``/metrics`` counters continue from
@@ -18,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 
 import zmq
@@ -29,10 +31,10 @@ import zmq.asyncio
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from shadow_proxy import lifeline
 from shadow_proxy.channel import control
 from shadow_proxy.channel.checkpoint import read_checkpoint
 from shadow_proxy.config import Config
-from shadow_proxy.lifeline import worker_entry
 from shadow_proxy.serving.handoff import Handoff
 from shadow_proxy.serving.logs import RateLimited
 from shadow_proxy.serving.metrics import ProxyMetrics, WorkerMetricsRelay
@@ -50,6 +52,9 @@ DROP_LOG_INTERVAL_S = 60.0
 #: The worker process's main, named by its import path: the serving process
 #: never imports the worker side (tokenizers, templates); the spawned child does.
 WORKER_MAIN = ("shadow_proxy.worker.main.loop", "run")
+#: After this process died: the worker's own shutdown (its last messages and
+#: the drain), then a margin; past this it exits without more ado.
+WORKER_EXIT_AFTER_S = control.DRAIN_S + 3.0
 
 
 class StartupError(RuntimeError):
@@ -75,18 +80,10 @@ class Taps:
         self.control = self.context.socket(zmq.PULL)
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.bind(self.control_endpoint)
-        self.process: multiprocessing.process.BaseProcess | None = None
-        self._listing: list[dict] = [
-            {
-                "name": t.name,
-                "topic": t.topic,
-                "endpoint": t.endpoint,
-                "capture": t.capture,
-                "curve": t.curve is not None,
-                "filters": list(t.filters.names),
-            }
-            for t in config.taps
-        ]
+        self.process: subprocess.Popen | None = None
+        #: What the current worker said when ready, and its latest counters.
+        self._taps: tuple[control.TapInfo, ...] = ()
+        self._counters: tuple[control.TapCounters, ...] = ()
         self.stopping = False
         #: Per tap and reason: dropped at the last snapshot, and since the last log line.
         self._dropped_seen: dict[str, dict[str, int]] = {}
@@ -94,46 +91,46 @@ class Taps:
         self._drop_log = RateLimited(log, burst=1, interval_s=DROP_LOG_INTERVAL_S)
 
     def listing(self) -> list[dict]:
-        return self._listing
+        """``/shadow/taps``: the current worker's taps and their latest counters."""
+        return control.listing(self._taps, self._counters)
+
+    def _alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     async def start_worker(self) -> None:
         if self.handoff._server is None:
             await self.handoff.start()
         self.handoff.generation += 1
-        spawn = multiprocessing.get_context("spawn")
-        process = spawn.Process(
-            # A child never outlives its parent (lifeline.py).
-            target=worker_entry,
-            args=(
-                WORKER_MAIN,
-                os.getpid(),
-                self.config,
-                self.handoff_path,
-                self.control_endpoint,
-                self.checkpoint_path,
-                self.handoff.generation,
-            ),
-            name="shadow-proxy-tap-worker",
-            daemon=True,
+        generation = self.handoff.generation
+        args = (
+            self.config,
+            self.handoff_path,
+            self.control_endpoint,
+            self.checkpoint_path,
+            generation,
         )
-        process.start()
+        process = lifeline.spawn(WORKER_MAIN, args, exit_after_s=WORKER_EXIT_AFTER_S)
         self.process = process
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
                 while True:
-                    message = await self._receive()
-                    if isinstance(message, control.Ready):
-                        self._listing = message.taps
-                        break
-                    if isinstance(message, control.Failed):
-                        raise StartupError(message.message)
+                    match await self._receive():
+                        case control.Ready(taps=taps):
+                            self._taps, self._counters = taps, ()
+                            break
+                        case control.Failed(message=why):
+                            raise StartupError(why)
+                        case control.Snapshot() as snapshot:  # a dead predecessor's last
+                            self._apply(snapshot)
         except TimeoutError as e:
             process.kill()
+            lifeline.reap(process)
             msg = f"{self.config.path}: the tap worker was not ready within {READY_TIMEOUT_S:.0f}s"
             raise StartupError(msg) from e
         except BaseException:
-            if process.is_alive():
+            if process.poll() is None:
                 process.kill()
+            lifeline.reap(process)
             raise
         log.info("tap worker ready (pid %d), %d tap(s)", process.pid, len(self.config.taps))
 
@@ -141,8 +138,8 @@ class Taps:
         while True:
             if await self.control.poll(100):
                 return control.decode(await self.control.recv())
-            if self.process is not None and not self.process.is_alive():
-                code = self.process.exitcode
+            if self.process is not None and not self._alive():
+                code = self.process.returncode
                 msg = f"{self.config.path}: the tap worker exited with status {code} while starting"
                 raise StartupError(msg)
 
@@ -153,12 +150,13 @@ class Taps:
                 self._apply(control.decode(await self.control.recv()))
                 continue
             process = self.process
-            if process is not None and not process.is_alive() and not self.stopping:
+            if process is not None and not self._alive() and not self.stopping:
+                lifeline.reap(process)
                 # Its checkpoint is final now: the next worker accounts for its loss.
                 self.handoff.worker_died(read_checkpoint(self.checkpoint_path))
-                self.relay.worker_died()
+                self.relay.worker_died(self.handoff.generation)
                 self.metrics.worker_restarts.inc()
-                log.error("tap worker died (exit status %s); restarting", process.exitcode)
+                log.error("tap worker died (exit status %s); restarting", process.returncode)
                 try:
                     await self.start_worker()
                 except StartupError as e:
@@ -166,18 +164,21 @@ class Taps:
                     await asyncio.sleep(1.0)
 
     def _apply(self, message: control.ControlMessage) -> None:
+        """A snapshot counts for the worker that sent it, even one read after that
+        worker died; only the current worker's is the listing."""
         if not isinstance(message, control.Snapshot):
             return
-        self.relay.update(message.families)
-        self._listing = message.taps
-        self._log_drops(message.taps)
+        self.relay.update(message.generation, message.families)
+        if message.generation == self.handoff.generation:
+            self._counters = message.taps
+            self._log_drops()
 
-    def _log_drops(self, listing: list[dict]) -> None:
+    def _log_drops(self) -> None:
         """A line when a tap drops records: at once, then at most once per
         ``DROP_LOG_INTERVAL_S`` while the drops go on, with how many and why
         since the last line (reasons come from a fixed vocabulary)."""
-        for tap in listing:
-            name, dropped = tap.get("name"), tap.get("dropped") or {}
+        for info, counters in zip(self._taps, self._counters, strict=False):
+            name, dropped = info.name, counters.dropped
             last = self._dropped_seen.get(name, {})
             self._dropped_seen[name] = dict(dropped)
             unlogged = self._dropped_unlogged.setdefault(name, {})
@@ -191,8 +192,11 @@ class Taps:
             reasons = ", ".join(f"{r}={n}" for r, n in sorted(unlogged.items()))
             log.warning(
                 "tap %s dropped %d record(s) since the last line (%s); see "
-                "shadow_tap_dropped_total", name, sum(unlogged.values()), reasons,
-            )  # fmt: skip
+                "shadow_tap_dropped_total",
+                name,
+                sum(unlogged.values()),
+                reasons,
+            )
             unlogged.clear()
 
     async def stop(self) -> None:
@@ -200,17 +204,20 @@ class Taps:
         self.stopping = True
         process = self.process
         self.handoff.close()
-        if process is not None and process.is_alive():
+        if process is not None and self._alive():
             os.kill(process.pid, signal.SIGTERM)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + STOP_TIMEOUT_S
-            while process.is_alive() and loop.time() < deadline:
+            while self._alive() and loop.time() < deadline:
                 if await self.control.poll(50):
                     self._apply(control.decode(await self.control.recv()))
-            if process.is_alive():
+            while await self.control.poll(0):  # its last snapshot, sent as it exited
+                self._apply(control.decode(await self.control.recv()))
+            if self._alive():
                 log.error("tap worker did not stop in %.0fs; killed", STOP_TIMEOUT_S)
                 process.kill()
-            process.join(1)
+        if process is not None:
+            lifeline.reap(process, 1)
         self.control.close(linger=0)
         self.context.term()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -231,8 +238,9 @@ def warn_open_taps(config: Config) -> None:
             log.warning(
                 "tap %s binds every interface (%s) without CURVE: anyone who can reach "
                 "the port reads the prompts; set taps[].curve, or publish.host: 127.0.0.1",
-                tap.name, tap.endpoint,
-            )  # fmt: skip
+                tap.name,
+                tap.endpoint,
+            )
 
 
 #: The app's taps (set only when the configuration has taps).

@@ -664,18 +664,20 @@ class TestMetricNames:
             from prometheus_client import CollectorRegistry
 
             from shadow_proxy.serving.metrics import ProxyMetrics
+            from shadow_proxy.worker.main.metrics import TapMetrics
             from shadow_proxy.worker.main.publishers.jetstream_metrics import (
                 JetStreamMetrics,
                 LinkStats,
             )
-            from shadow_proxy.worker.shard.metrics import WorkerMetrics
+            from shadow_proxy.worker.shard.metrics import JoinerMetrics
         except ImportError as e:
             pytest.skip(f"shadow_proxy metrics cannot be imported: {e}")
         registry = CollectorRegistry()
         ProxyMetrics.create(registry)
         families = [
             *registry.collect(),
-            *WorkerMetrics([]).registry.collect(),
+            *JoinerMetrics().registry.collect(),
+            *TapMetrics([]).collect(),
             *JetStreamMetrics(LinkStats(), []).collect(),
         ]
         assert {f.name: f.type for f in families} == {n: t for n, (t, _) in EXPORTED.items()}

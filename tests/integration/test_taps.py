@@ -580,11 +580,11 @@ async def wait_healthy(url: str, proxy: Child, timeout: float = START_S) -> None
 
 
 def worker_pid(proxy_pid: int) -> int:
-    """The tap worker among the serving process's children (not the resource tracker)."""
+    """The tap worker among the serving process's children (its main)."""
     children = Path(f"/proc/{proxy_pid}/task/{proxy_pid}/children").read_text().split()
     for pid in children:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+        if b"shadow_proxy.worker.main.loop" in cmdline:
             return int(pid)
     raise AssertionError(f"no tap worker among {children}")
 
@@ -811,9 +811,17 @@ class TestWorkerKilled:
             }
             lost = final.next_seq - len(got)
             assert lost > 0
-            assert final.dropped.get("worker_died") == lost
+            # Sent on the socket (a transport sequence taken: the checkpoint notes each
+            # send as it happens) but not received: still in ZeroMQ's queue when the
+            # process died. The consumer sees those as a transport gap; the proxy counts
+            # the rest, exactly, as worker_died (never a record both delivered and lost).
+            last = final.last_transport_sequence
+            sent = 0 if last is None else last + 1
+            in_zeromq = sent - len(got)
+            assert in_zeromq >= 0
+            assert final.dropped.get("worker_died") == lost - in_zeromq
             died = sample(registry, "shadow_tap_dropped_total", tap="kv", reason="worker_died")
-            assert died == lost
+            assert died == lost - in_zeromq
             assert sample(registry, "shadow_worker_restarts_total") == 1
 
 

@@ -1,11 +1,12 @@
 """The worker's end of the hand-off, played by a plain Unix socket: the tests of
-the serving side read what the worker would (``channel.frames`` messages)."""
+the serving side read what the worker would (``channel.handoff`` messages, decoded)."""
 
 from __future__ import annotations
 
 import socket
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel import handoff
+from shadow_proxy.channel.stream import StreamDecoder, split_frames
 
 
 class HandoffReader:
@@ -15,10 +16,10 @@ class HandoffReader:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
         self.sock.setblocking(False)
-        self.decoder = hf.StreamDecoder()
-        self.messages: list[list[bytes]] = []
+        self.decoder = StreamDecoder()
+        self.messages: list[handoff.HandoffMessage] = []
 
-    def read(self) -> list[list[bytes]]:
+    def read(self) -> list[handoff.HandoffMessage]:
         while True:
             try:
                 data = self.sock.recv(1 << 20)
@@ -26,7 +27,7 @@ class HandoffReader:
                 return self.messages
             if not data:
                 return self.messages
-            self.messages += [hf.split_frames(m) for m in self.decoder.feed(data)]
+            self.messages += [handoff.decode(split_frames(m)) for m in self.decoder.feed(data)]
 
     def close(self) -> None:
         self.sock.close()

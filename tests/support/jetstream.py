@@ -64,7 +64,7 @@ class DirectPublisher:
     def offer(self, count: int) -> None:
         for _ in range(count):
             seq = self.queue.take_seq()
-            self.queue.offer(synthetic_payload(self.tap.name, seq))
+            self.queue.offer(synthetic_payload(self.tap.name, seq), seq=seq)
             self.publisher.pump()
 
     def pump(self) -> None:

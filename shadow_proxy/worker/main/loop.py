@@ -1,19 +1,21 @@
 """The tap worker's main process: the hand-off in, the shards, the tap sockets out.
 
 Spawned by the serving process (``serving/supervisor.py`` names this module's
-``run`` by its import path, so the serving side never imports the worker).
+``run`` by its import path for ``lifeline.spawn``, so the serving side never
+imports the worker; the worker dies with it).
 One thread, one loop, and none of the CPU-heavy work, which is the shards'
 (``worker/main/pool.py``, ``worker/shard/loop.py``): whatever one request costs, the
 main keeps its one-second heartbeats.
 
 1. read the hand-off (the Unix socket the serving process listens on) and
    route each message to the shard that holds its request;
-2. read what the shards send: records (their seq taken here), losses,
-   settles, metrics;
+2. read what the shards send (``worker/messages.py``): records (their seq
+   taken here), losses, settles, metrics;
 3. checkpoint the taps' state and send what their queues hold
    (``worker/main/publishing.py``);
-4. every second: heartbeats, and a metrics snapshot (the shards' summed with
-   the main's) to the serving process.
+4. every second: heartbeats, and a ``Snapshot`` (the metrics of the shards and
+   the main combined, the taps' counters) to the serving process
+   (``channel/control.py``); what does not change went once, in ``Ready``.
 
 Every process of the worker (this one and each shard) runs in the idle
 scheduling class once ready (``worker.priority``), so the serving loop always
@@ -34,19 +36,20 @@ import socket
 import time
 from typing import Any
 
-import msgpack
 import zmq
+from prometheus_client import CollectorRegistry
 
-from shadow_proxy.channel import checkpoint as cp
 from shadow_proxy.channel import control
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.families import Family, snapshot
+from shadow_proxy.channel.handoff import Hello, Kind, decode, peek
+from shadow_proxy.channel.stream import StreamDecoder, split_frames
 from shadow_proxy.config import Config, Priority, Transport
 from shadow_proxy.worker import priority
+from shadow_proxy.worker.main.metrics import TapMetrics
 from shadow_proxy.worker.main.pool import Pool
 from shadow_proxy.worker.main.publishers import curve
 from shadow_proxy.worker.main.publishing import RETRY_MS, Publishing, TapSocketError
 from shadow_proxy.worker.main.shards import default_processes
-from shadow_proxy.worker.shard.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +62,22 @@ SHARDS_READY_S = 110.0
 SHARDS_STOP_S = 2.0
 #: Hand-off bytes read per loop turn before the shards and queues get their turn.
 READ_PER_TURN = 4 << 20
+#: At shutdown, how long the last snapshot may wait for room on the control socket.
+LAST_SNAPSHOT_WAIT_S = 1.0
 
 
 class Main:
     """The loop's state: the hand-off socket, the pool, the publishing."""
 
-    def __init__(self, config: Config, publishing: Publishing, pool: Pool, metrics: WorkerMetrics):
+    def __init__(
+        self, config: Config, publishing: Publishing, pool: Pool, registry: CollectorRegistry
+    ):
         self.config = config
         self.publishing = publishing
         self.pool = pool
-        self.metrics = metrics
+        self.registry = registry
         self.handoff: socket.socket | None = None
-        self.decoder = hf.StreamDecoder()
+        self.decoder = StreamDecoder()
         self.last_seen = False
         self.parent_gone = False
 
@@ -86,19 +93,17 @@ class Main:
             if not data:
                 raise ConnectionError("the serving process closed the hand-off")
             messages = self.decoder.feed(data)
-        frames = hf.split_frames(messages[0])
-        if frames[0][:1] != hf.KIND_HELLO:
+        hello = decode(split_frames(messages[0]))
+        if not isinstance(hello, Hello):
             raise ConnectionError("the hand-off did not start with a hello")
-        hello = msgpack.unpackb(frames[1])
-        self.publishing.lost_seen = hello["lost_base"]
-        self.publishing.announce([cp.from_plain(t) for t in hello["tombstones"]])
+        self.publishing.on_hello(hello)
         sock.setblocking(False)
         self.handoff = sock
         for message in messages[1:]:
             self.route(message)
 
     def route(self, message: bytes) -> None:
-        if hf.peek(message)[0] == hf.KIND_LAST:
+        if peek(message)[0] == Kind.LAST.value:
             self.last_seen = True
             return
         self.pool.route(message)
@@ -140,9 +145,10 @@ class Main:
         self.pool.flush()
         self.pool.tick()
 
-    def families(self) -> list[control.Family]:
+    def families(self) -> list[Family]:
+        """The main's metrics and its shards', combined (``channel/families.py``)."""
         totals = self.pool.totals
-        totals.update("main", self.metrics.snapshot())
+        totals.update("main", snapshot(self.registry))
         return totals.families()
 
 
@@ -177,7 +183,12 @@ def run(
     control_socket.setsockopt(zmq.SNDHWM, 16)
     control_socket.connect(control_endpoint)
 
-    def say(message: control.ControlMessage) -> bool:
+    def say(message: control.ControlMessage, wait_s: float = 0.0) -> bool:
+        """Send without blocking the loop; a snapshot the serving process has no
+        room for is superseded by the next one (absolute values). The last one
+        waits up to ``wait_s``."""
+        if wait_s and not control_socket.poll(int(wait_s * 1000), zmq.POLLOUT):
+            return False
         try:
             control_socket.send(control.encode(message), flags=zmq.NOBLOCK)
         except zmq.Again:
@@ -194,23 +205,23 @@ def run(
         context.term()
         return 1
 
-    metrics = WorkerMetrics([])
+    registry = CollectorRegistry()
     try:
         publishing = Publishing(
             config,
             context,
-            metrics.registry,
+            registry,
             generation=generation,
             checkpoint_path=checkpoint_path,
             link=link,
         )
     except (TapSocketError, curve.CurveKeyError) as e:
         return fail(str(e))
-    metrics.queues = publishing.queues
+    registry.register(TapMetrics(publishing.queues.queues))
     processes = config.worker.processes or default_processes()
-    pool = Pool(config, publishing, os.path.dirname(handoff_path), metrics.registry, processes)
+    pool = Pool(config, publishing, os.path.dirname(handoff_path), registry, processes)
     pool.start()
-    main = Main(config, publishing, pool, metrics)
+    main = Main(config, publishing, pool, registry)
     deadline = time.monotonic() + SHARDS_READY_S
     while not pool.all_ready() and pool.failure is None and time.monotonic() < deadline:
         if stop["now"]:
@@ -232,9 +243,9 @@ def run(
         fallback_nice=config.worker.nice, idle=config.worker.priority is Priority.IDLE
     )
     if achieved.fallback_reason:
-        log.warning("the tap worker runs at nice %d: %s", config.worker.nice,
-                    achieved.fallback_reason)  # fmt: skip
-    say(control.Ready(publishing.listing()))
+        why = achieved.fallback_reason
+        log.warning("the tap worker runs at nice %d: %s", config.worker.nice, why)
+    say(control.Ready(publishing.tap_info()))
 
     next_beat = time.monotonic() + HEARTBEAT_S
     waiting = False
@@ -246,7 +257,7 @@ def run(
         if now >= next_beat:
             next_beat = now + HEARTBEAT_S
             publishing.heartbeat()
-            say(control.Snapshot(main.families(), publishing.listing()))
+            say(control.Snapshot(generation, main.families(), publishing.tap_counters()))
 
     # Shutdown: what the serving loop sent before it stopped (up to its last
     # message, which may still be in transit), then the shards' open requests,
@@ -257,7 +268,9 @@ def run(
     lost = pool.stop(SHARDS_STOP_S)
     lost += publishing.drain(control.DRAIN_S)
     publishing.heartbeat()
-    say(control.Snapshot(main.families(), publishing.listing()))
+    final = control.Snapshot(generation, main.families(), publishing.tap_counters())
+    if not say(final, wait_s=LAST_SNAPSHOT_WAIT_S):
+        log.warning("shutdown: the last metrics snapshot could not be sent")
     if lost:
         log.warning(
             "shutdown: %d queued record(s) lost after the %.0fs drain", lost, control.DRAIN_S

@@ -6,19 +6,20 @@ templates, tokenizers, response parsing, envelopes) runs in N shard processes
 main, which never does that work, keeps its one-second heartbeats whatever one
 request costs.
 
-Routing: a request's ``q`` goes to a ready shard chosen by its conversation
-(``shard_key``: the session header Dynamo reads, when the client sends one, so
-a conversation's turns meet the segments of the turns before in one shard's
-cache), else by its key (the serving process's counter: round-robin); its
-``c`` and ``e`` follow it to that shard.
+Routing, without decoding (``channel.handoff.peek``, ``Request.routing``): a
+request goes to a ready shard chosen by its conversation (``shard_key``: the
+session header Dynamo reads, when the client sends one, so a conversation's
+turns meet the segments of the turns before in one shard's cache), else by its
+key (the serving process's counter: round-robin); its chunks and end follow it
+to that shard, forwarded as the serving loop sent them.
 The main keeps each open request's shard and the taps still waiting for it
 (``OpenRequest.waiting``, replaced by each of the shard's settle messages).
 
 Guarantees (every request handed over yields, per tap, one record or one
 counted drop, whatever a shard does):
 - a shard's pipe holds at most ``handoff_max_bytes / N`` bytes the shard has
-  not read; past it a ``q`` is dropped on every tap (``handoff_full``) and a
-  request whose ``c`` was dropped ends as a lost capture (its joined taps drop
+  not read; past it a request is dropped on every tap (``handoff_full``) and a
+  request whose chunks were dropped ends as a lost capture (its joined taps drop
   ``handoff_full``), as on the serving side;
 - a shard that dies costs its open requests one ``worker_died`` drop on each
   tap still waiting, and is started again;
@@ -36,25 +37,25 @@ import logging
 import os
 import select
 import socket
-import subprocess
 import time
-import zlib
 
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy.channel import frames as hf
-from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.channel.families import Totals
-from shadow_proxy.config import Config
-from shadow_proxy.exchange import EndKind
-from shadow_proxy.worker import messages as sw
-from shadow_proxy.worker.lag import LagBound
+from shadow_proxy.channel.handoff import End, Kind, Request, peek
+from shadow_proxy.channel.stream import StreamDecoder, split_frames, stream_message
+from shadow_proxy.config import Config, Priority
+from shadow_proxy.exchange import DropReason
+from shadow_proxy.lifeline import reap
+from shadow_proxy.worker import messages
+from shadow_proxy.worker.lag import LagBound, LateStage
 from shadow_proxy.worker.main.publishing import Publishing
 from shadow_proxy.worker.main.shards import (
     OpenRequest,
     PoolMetrics,
     RestartReason,
     Shard,
+    shard_key,
     spawn_shard,
     write_out,
 )
@@ -70,19 +71,6 @@ RECYCLE_EVERY_S = 60.0
 RESTART_DELAY_S = 1.0
 #: Bytes read from one socket per loop turn.
 READ_BYTES = 1 << 20
-#: A request message's frames: meta, request id, body, engine headers, content-encoding.
-REQUEST_HEADERS_FRAME = 3
-
-
-def shard_key(key: bytes, message: bytes) -> int:
-    """What picks a request's shard: a hash of its conversation id
-    (``channel.headers.conversation``, read from the headers frame without
-    copying the body), else its key."""
-    frame = hf.frame_at(message, REQUEST_HEADERS_FRAME)
-    session = engine_headers.conversation(frame) if frame else None
-    if session is None:
-        return int.from_bytes(key, "big")
-    return zlib.crc32(session)
 
 
 class Pool:
@@ -110,7 +98,7 @@ class Pool:
         self.replacing: dict[int, Shard] = {}
         self.shards: dict[int, Shard] = {}
         self.by_fd: dict[int, Shard] = {}
-        self.unbound: dict[int, tuple[socket.socket, hf.StreamDecoder]] = {}
+        self.unbound: dict[int, tuple[socket.socket, StreamDecoder]] = {}
         self.open: dict[bytes, OpenRequest] = {}
         self.totals = Totals()
         self._tokens = itertools.count(1)
@@ -119,10 +107,7 @@ class Pool:
         self.stopping = False
         #: Records lost with shards that died or were stopped (one per tap).
         self.lost = 0
-        metrics = PoolMetrics(registry)
-        self.restarts = metrics.restarts
-        self.processes_gauge = metrics.processes
-        self.idle_gauge = metrics.idle
+        self.metrics = PoolMetrics(registry)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -147,7 +132,7 @@ class Pool:
             except BlockingIOError:
                 return
             conn.setblocking(False)
-            self.unbound[conn.fileno()] = (conn, hf.StreamDecoder())
+            self.unbound[conn.fileno()] = (conn, StreamDecoder())
 
     def fds(self) -> list[tuple[int, bool]]:
         """Sockets to poll: (fd, wants to write)."""
@@ -158,55 +143,47 @@ class Pool:
     # -- the hand-off, routed --------------------------------------------------------
 
     def route(self, message: bytes) -> None:
-        """One hand-off message from the serving loop."""
-        kind, key = hf.peek(message)
-        if kind == hf.KIND_REQUEST:
+        """One request, chunks or end message from the serving loop (a stream
+        message, forwarded as it came)."""
+        kind, key = peek(message)
+        if kind == Kind.REQUEST.value:
             self._route_request(key, message)
             return
         request = self.open.get(key)
         if request is None:
             return  # a request given up (late, lost, its shard died) or never handed over
         shard = request.shard
-        if kind == hf.KIND_CHUNK:
+        if kind == Kind.CHUNKS.value:
             if not request.lost:
                 if shard.out_bytes + len(message) > self.bound:
                     request.lost = True
                 else:
-                    self._queue(shard, message)
-        elif kind == hf.KIND_END:
+                    shard.queue(message)
+        elif kind == Kind.END.value:
             if request.lost or shard.out_bytes + len(message) > self.bound:
-                frames = hf.split_frames(message)
-                _, offset = hf.END_META.unpack(frames[0][hf.HEADER :])
-                end = hf.END_META.pack(EndKind.CAPTURE_LOST, offset)
-                message = b"".join(
-                    hf.stream_buffers([hf.KIND_END + key + end, b"", b"", b"", b""])[0]
-                )
-            self._queue(shard, message)
+                end = End.decode(split_frames(message))
+                message = stream_message(End.lost(key, end.offset_ns).encode())
+            shard.queue(message)
 
     def _route_request(self, key: bytes, message: bytes) -> None:
-        start = hf.KIND_OFFSET + hf.HEADER
-        _, _, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack_from(message, start)
+        arrival_mono_ns, lost_before, headers = Request.routing(message)
         publishing = self.publishing
         publishing.count_lost(lost_before)
         if self.lag.late(arrival_mono_ns, time.monotonic_ns()):
-            publishing.late.labels("intake").inc()
-            publishing.drop_request("late")
+            publishing.late.labels(LateStage.INTAKE).inc()
+            publishing.drop_request(DropReason.LATE)
             return
         ready = [s for s in self.slots if s is not None and s.ready]
         if not ready:
-            publishing.drop_request("worker_died")
+            publishing.drop_request(DropReason.WORKER_DIED)
             return
-        shard = ready[shard_key(key, message) % len(ready)]
+        shard = ready[shard_key(key, headers) % len(ready)]
         if shard.out_bytes + len(message) > self.bound:
-            publishing.drop_request("handoff_full")
+            publishing.drop_request(DropReason.HANDOFF_FULL)
             return
         self.open[key] = OpenRequest(shard, dict.fromkeys(range(len(publishing.queues)), 1))
         shard.keys.add(key)
-        self._queue(shard, message)
-
-    def _queue(self, shard: Shard, message: bytes) -> None:
-        shard.out.append(message)
-        shard.out_bytes += len(message)
+        shard.queue(message)
 
     def flush(self) -> None:
         for shard in list(self.by_fd.values()):
@@ -232,7 +209,7 @@ class Pool:
             self._gone(shard)
             return
         for message in shard.decoder.feed(data):
-            self._on_message(shard, hf.split_frames(message))
+            self._on_message(shard, messages.decode(split_frames(message)))
 
     def _read_unbound(self, fd: int) -> None:
         conn, decoder = self.unbound[fd]
@@ -244,60 +221,61 @@ class Pool:
             del self.unbound[fd]
             conn.close()
             return
-        messages = decoder.feed(data)
-        if not messages:
+        received = decoder.feed(data)
+        if not received:
             return
         del self.unbound[fd]
-        frames = hf.split_frames(messages[0])
-        token, _ = sw.parse_hello(frames) if frames[0][:1] == sw.HELLO else (0, 0)
-        shard = self.shards.get(token)
+        hello = messages.decode(split_frames(received[0]))
+        shard = self.shards.get(hello.token) if isinstance(hello, messages.Hello) else None
         if shard is None or shard.sock is not None:
             conn.close()
             return
         shard.sock, shard.decoder = conn, decoder
         self.by_fd[fd] = shard
-        for message in messages[1:]:
-            self._on_message(shard, hf.split_frames(message))
+        for message in received[1:]:
+            self._on_message(shard, messages.decode(split_frames(message)))
 
-    def _on_message(self, shard: Shard, frames: list[bytes]) -> None:
-        kind = frames[0][:1]
+    def _on_message(self, shard: Shard, message: messages.ShardMessage) -> None:
         publishing = self.publishing
-        if kind == sw.RECORD:
-            tap, ready_ns, offset, payload = sw.parse_record(frames)
-            publishing.take(tap, payload, offset, ready_ns)
-        elif kind == sw.SETTLE:
-            key, waiting, done = sw.parse_settle(frames)
-            request = self.open.get(key)
-            if request is not None and request.shard is shard:
-                now = collections.Counter(waiting)
-                decided = 0
-                for tap in request.waiting:
-                    if tap not in now:
-                        decided |= 1 << tap
-                publishing.resolve(decided)
-                request.waiting = dict(now)
-                if done:
-                    del self.open[key]
-                    shard.keys.discard(key)
-                    if shard.retiring and not shard.keys:
-                        self._send_exit(shard)
-        elif kind == sw.DROP:
-            tap, count, reason = sw.parse_drop(frames)
-            publishing.drop(tap, reason, count)
-        elif kind == sw.SKIP:
-            tap, reason = sw.parse_skip(frames)
-            publishing.skip(tap, reason)
-        elif kind == sw.METRICS:
-            self.totals.update(shard.token, sw.parse_metrics(frames))
-        elif kind == sw.READY:
-            shard.ready = True
-            shard.info = sw.parse_info(frames)
-            self._on_ready(shard)
-        elif kind == sw.FAILED:
-            self.failure = frames[1].decode("utf-8", "replace")
-            log.error("shard %d failed to start: %s", shard.index, self.failure)
-        elif kind == sw.RETIRE:
-            self._retire(shard, sw.parse_retire(frames))
+        match message:
+            case messages.Record(tap=tap, ready_mono_ns=ready, record=record):
+                publishing.record(tap, record, ready)
+            case messages.Settle(key=key, waiting=waiting, done=done):
+                self._settle(shard, key, waiting, done)
+            case messages.Drop(tap=tap, reason=reason, count=count):
+                publishing.drop(tap, reason, count)
+            case messages.Skip(tap=tap, reason=reason):
+                publishing.skip(tap, reason)
+            case messages.Metrics(families=families):
+                self.totals.update(shard.token, families)
+            case messages.Ready():
+                shard.ready = True
+                shard.info = message
+                self._on_ready(shard)
+            case messages.Failed(message=why):
+                self.failure = why
+                log.error("shard %d failed to start: %s", shard.index, why)
+            case messages.Retire(rss_mb=rss_mb):
+                self._retire(shard, rss_mb)
+            case messages.Hello():
+                pass  # only the first message of a connection names its shard
+
+    def _settle(self, shard: Shard, key: bytes, waiting: tuple[int, ...], done: bool) -> None:
+        request = self.open.get(key)
+        if request is None or request.shard is not shard:
+            return
+        now = collections.Counter(waiting)
+        decided = 0
+        for tap in request.waiting:
+            if tap not in now:
+                decided |= 1 << tap
+        self.publishing.resolve(decided)
+        request.waiting = dict(now)
+        if done:
+            del self.open[key]
+            shard.keys.discard(key)
+            if shard.retiring and not shard.keys:
+                shard.send_exit()
 
     def _on_ready(self, shard: Shard) -> None:
         replaced = self.replacing.get(shard.index)
@@ -309,7 +287,7 @@ class Pool:
                 old.retiring = True
                 old.drain_deadline = time.monotonic() + RETIRE_DRAIN_S
                 if not old.keys:
-                    self._send_exit(old)
+                    old.send_exit()
         self._gauges()
 
     def _retire(self, shard: Shard, rss_mb: int) -> None:
@@ -318,21 +296,20 @@ class Pool:
         if shard.index in self.replacing or self.stopping:
             return
         if time.monotonic() - shard.started < RECYCLE_EVERY_S and shard.replaces:
-            log.warning("shard %d at %d MiB soon after it started: worker.max_rss_mb may be "
-                        "below what a shard needs", shard.index, rss_mb)  # fmt: skip
+            log.warning(
+                "shard %d at %d MiB soon after it started: worker.max_rss_mb may be below "
+                "what a shard needs",
+                shard.index,
+                rss_mb,
+            )
             return
         log.warning(
             "shard %d at %d MiB (over worker.max_rss_mb): replacing it", shard.index, rss_mb
         )
-        self.restarts.labels(RestartReason.RECYCLED).inc()
+        self.metrics.restarts.labels(RestartReason.RECYCLED).inc()
         replacement = self.spawn(shard.index)
         replacement.replaces = True
         self.replacing[shard.index] = replacement
-
-    def _send_exit(self, shard: Shard) -> None:
-        if not shard.exit_sent:
-            shard.exit_sent = True
-            self._queue(shard, b"".join(hf.stream_buffers(sw.exit_message())[0]))
 
     def _gone(self, shard: Shard) -> None:
         """The shard's socket closed: it exited or died. Its open requests are lost."""
@@ -340,10 +317,9 @@ class Pool:
             self.by_fd.pop(shard.sock.fileno(), None)
             shard.sock.close()
             shard.sock = None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            shard.process.wait(5)
+        reap(shard.process, 5)
         self.shards.pop(shard.token, None)
-        reason = "closed" if self.stopping else "worker_died"
+        reason = DropReason.CLOSED if self.stopping else DropReason.WORKER_DIED
         for key in list(shard.keys):
             request = self.open.pop(key, None)
             if request is not None and request.waiting:
@@ -356,9 +332,9 @@ class Pool:
             self.slots[shard.index] = None
             if not self.stopping:
                 if shard.ready:
-                    log.error("shard %d (pid %d) died; starting it again", shard.index,
-                              shard.process.pid)  # fmt: skip
-                    self.restarts.labels(RestartReason.DIED).inc()
+                    pid = shard.process.pid
+                    log.error("shard %d (pid %d) died; starting it again", shard.index, pid)
+                    self.metrics.restarts.labels(RestartReason.DIED).inc()
                     self._restart_at[shard.index] = time.monotonic()
                 else:
                     self._restart_at[shard.index] = time.monotonic() + RESTART_DELAY_S
@@ -376,14 +352,19 @@ class Pool:
             if shard.sock is None and shard.process.poll() is not None:
                 self._gone(shard)
             elif shard.retiring and now > shard.drain_deadline and shard.process.poll() is None:
-                log.warning("retiring shard %d still had %d request(s) open; stopped",
-                            shard.index, len(shard.keys))  # fmt: skip
+                open_requests = len(shard.keys)
+                log.warning(
+                    "retiring shard %d still had %d request(s) open; stopped",
+                    shard.index,
+                    open_requests,
+                )
                 shard.process.kill()
 
     def _gauges(self) -> None:
         running = [s for s in self.shards.values() if s.ready]
-        self.processes_gauge.set(len(running))
-        self.idle_gauge.set(sum(1 for s in running if s.info.get("policy") == "idle"))
+        self.metrics.processes.set(len(running))
+        idle = [s for s in running if s.info is not None and s.info.policy == Priority.IDLE]
+        self.metrics.idle.set(len(idle))
 
     def stop(self, deadline_s: float) -> int:
         """Tell every shard to finish what it was sent and its open requests (as
@@ -392,7 +373,7 @@ class Pool:
         self.stopping = True
         self.lost = 0
         for shard in list(self.by_fd.values()):
-            self._send_exit(shard)
+            shard.send_exit()
         deadline = time.monotonic() + deadline_s
         while self.by_fd and time.monotonic() < deadline:
             self.flush()
@@ -404,8 +385,10 @@ class Pool:
         for shard in list(self.shards.values()):
             if shard.process.poll() is None:
                 shard.process.kill()
-            if shard.sock is not None:
-                self._gone(shard)
+            self._gone(shard)
+        for conn, _ in self.unbound.values():
+            conn.close()
+        self.unbound.clear()
         self.listener.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)

@@ -1,16 +1,18 @@
 """The tap worker's one authority over seqs: tap queues, publishers, checkpoints.
 
 Runs in the worker's main process (``worker/main/loop.py``), the only process that
-takes a tap's ``seq`` and sends on its socket; the shards (``worker/shard/loop.py``)
-hand it finished envelopes and losses. So every record and every loss of a tap
-passes here exactly once, whichever shard built it: ``next_seq = published +
+takes a tap's ``seq`` and sends on its socket. It is the ``RecordSink``
+(``worker/sink.py``) behind every shard's outbox: the pool hands it each shard's
+records and losses (``worker/messages.py``). So every record and every loss of a
+tap passes here exactly once, whichever shard built it: ``next_seq = published +
 dropped + publish_errors + queued`` per tap, and a consumer's gap accounting
 holds as with one process.
 
 Guarantees:
 - a record is sent only once its seq is in the checkpoint file
-  (``channel/checkpoint.py``): when this process is killed, the serving process
-  can count every record it could not send;
+  (``channel/checkpoint.py``), and each send is noted there as it happens (the
+  tap's progress): when this process is killed, the serving process counts
+  exactly the records it had not sent;
 - each tap counts, per request handed over on this connection, when its fate on
   the tap is decided (``resolved``), for the same reason;
 - a queued record older than ``worker.max_lag_s`` is dropped as ``late``;
@@ -20,6 +22,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -28,13 +31,16 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import checkpoint as cp
+from shadow_proxy.channel.control import TapCounters, TapInfo
+from shadow_proxy.channel.handoff import Hello
 from shadow_proxy.config import Config, Transport
+from shadow_proxy.exchange import DropReason
 from shadow_proxy.records.wire import Heartbeat
-from shadow_proxy.worker.lag import LagBound, late_counter, record_lag_histogram
+from shadow_proxy.worker.lag import LagBound, LateStage, late_counter, record_lag_histogram
 from shadow_proxy.worker.main.publishers import curve
 from shadow_proxy.worker.main.publishers.zeromq import Publisher
-from shadow_proxy.worker.main.tap_queue import TapQueue
-from shadow_proxy.worker.messages import with_seq
+from shadow_proxy.worker.main.tap_queue import TapQueues
+from shadow_proxy.worker.sink import EncodedRecord
 
 #: How long the last words of dead publishers are repeated (subscribers
 #: reconnect to the new sockets within this).
@@ -65,7 +71,7 @@ class Publishing:
         link: Any = None,
     ):
         self.config = config
-        self.queues = [TapQueue(tap) for tap in config.taps]
+        self.queues = TapQueues(config.taps)
         bound = LagBound.from_seconds(config.worker.max_lag_s)
         self.lag = record_lag_histogram(registry)
         self.late = late_counter(registry)
@@ -74,7 +80,7 @@ class Publishing:
         keys = curve.load_all(config)
         #: ZAP for the CURVE taps, in its own thread (see ``publishers/curve.py``).
         self.authenticator = curve.start_authenticator(context, keys)
-        for queue in self.queues:
+        for index, queue in enumerate(self.queues):
             tap = queue.config
             if tap.transport is Transport.NATS:
                 self.publishers.append(link.publisher(queue))
@@ -86,7 +92,8 @@ class Publishing:
                     keys.get(tap.name),
                     lag=self.lag.labels(queue.name),
                     bound=bound,
-                    late=self.late.labels("queue"),
+                    late=self.late.labels(LateStage.QUEUE),
+                    on_sent=functools.partial(self._sent, index),
                 )
             except zmq.ZMQError as e:
                 self.close()
@@ -109,32 +116,27 @@ class Publishing:
         self._last_write = 0.0
         self._dirty = True
         if checkpoint_path is not None:
-            self._file = cp.CheckpointFile(
-                checkpoint_path, cp.CheckpointFile.size_for(len(self.queues))
-            )
+            self._file = cp.CheckpointFile(checkpoint_path, len(self.queues))
             self.checkpoint()
         self._tombstones: list[tuple[int, Heartbeat, int]] = []
         self._announce_until = 0.0
 
-    # -- what the pool hands over -------------------------------------------------
+    # -- the RecordSink: what the shards publish ---------------------------------
 
-    def take(self, tap: int, payload: bytes, offset: int, ready_mono_ns: int) -> None:
+    def record(self, tap: int, record: EncodedRecord, ready_mono_ns: int) -> None:
         """A record from a shard: its seq is taken here and written into it."""
-        queue = self.queues[tap]
-        seq = queue.take_seq()
-        if offset < 0:
-            queue.dropped["encode_error"] += 1
-        else:
-            queue.offer(with_seq(payload, offset, seq), ready_mono_ns)
+        self.queues.record(tap, record, ready_mono_ns)
         self._dirty = True
 
-    def drop(self, tap: int, reason: str, count: int = 1) -> None:
-        self.queues[tap].drop(reason, count)
+    def drop(self, tap: int, reason: DropReason, count: int = 1) -> None:
+        self.queues.drop(tap, reason, count)
         self._dirty = True
 
     def skip(self, tap: int, reason: str) -> None:
-        self.queues[tap].skip(reason)
+        self.queues.skip(tap, reason)
         self._dirty = True
+
+    # -- what the pool counts ------------------------------------------------------
 
     def resolve(self, mask: int) -> None:
         """The taps in ``mask`` are decided for one more request."""
@@ -146,7 +148,7 @@ class Publishing:
             tap += 1
         self._dirty = True
 
-    def drop_waiting(self, reason: str, waiting: dict[int, int]) -> int:
+    def drop_waiting(self, reason: DropReason, waiting: dict[int, int]) -> int:
         """The records a request still owed are lost: each a drop with its seq; the
         taps are decided. Returns how many records."""
         mask = 0
@@ -156,7 +158,7 @@ class Publishing:
         self.resolve(mask)
         return sum(waiting.values())
 
-    def drop_request(self, reason: str, mask: int | None = None) -> None:
+    def drop_request(self, reason: DropReason, mask: int | None = None) -> None:
         """A request handed over on this connection is lost on the taps in ``mask``
         (all by default): each counts one drop, its seq taken, and is decided."""
         mask = self.all_taps if mask is None else mask
@@ -169,14 +171,18 @@ class Publishing:
         """Requests the serving loop could not hand over (from a ``q``'s meta)."""
         if lost_before > self.lost_seen:
             for queue in self.queues:
-                queue.drop("handoff_full", lost_before - self.lost_seen)
+                queue.drop(DropReason.HANDOFF_FULL, lost_before - self.lost_seen)
             self.lost_seen = lost_before
             self._dirty = True
 
-    def announce(self, tombstones: list[cp.TapState]) -> None:
-        """Dead predecessors' final states, to be announced on their publisher ids."""
+    def on_hello(self, hello: Hello) -> None:
+        """The serving process's hello: the hand-off losses the dead predecessors
+        already counted (this worker counts on from there), and their final states,
+        announced on their publisher ids for ``ANNOUNCE_S``."""
+        self.lost_seen = hello.lost_base
+        self._dirty = True
         by_name = {queue.name: i for i, queue in enumerate(self.queues)}
-        for state in tombstones:
+        for state in hello.tombstones:
             tap = by_name.get(state.name)
             if tap is None:
                 continue
@@ -234,9 +240,10 @@ class Publishing:
         for publisher in self.publishers:
             queue = publisher.queue
             if queue.items:
-                before = queue.published + queue.dropped["late"] + queue.publish_errors
+                late = DropReason.LATE
+                before = queue.published + queue.dropped[late] + queue.publish_errors
                 waiting |= publisher.pump()
-                sent |= queue.published + queue.dropped["late"] + queue.publish_errors != before
+                sent |= queue.published + queue.dropped[late] + queue.publish_errors != before
             else:
                 publisher.drain_subscriptions()
         if sent:
@@ -280,33 +287,55 @@ class Publishing:
             self._file.close()
             self._file = None
 
-    def listing(self) -> list[dict]:
-        """What ``/shadow/taps`` shows of each tap."""
-        listing = []
-        for publisher in self.publishers:
-            queue = publisher.queue
-            config = queue.config
-            listing.append(
-                {
-                    "name": config.name,
-                    "topic": config.topic,
-                    "endpoint": publisher.endpoint,
-                    "capture": config.capture,
-                    "curve": config.curve is not None,
-                    "filters": list(config.filters.names),
-                    "models": list(config.models),
-                    "sample": config.sample,
-                    "capacity": config.capacity,
-                    "transport": config.transport,
-                    **({"subject": config.subject} if config.subject else {}),
-                    "publisher_id": publisher.publisher_id,
-                    "next_seq": queue.next_seq,
-                    "queued": queue.queued,
-                    "published": queue.published,
-                    "dropped": dict(queue.dropped),
-                    "skipped": dict(queue.skipped),
-                    "publish_errors": queue.publish_errors,
-                    "queue_depth": len(queue.items),
-                }
+    def _sent(self, tap: int) -> None:
+        """A record of ``tap`` left its queue (sent, failed or late): noted in the
+        checkpoint's progress at once, not at the batch's end (a kill between the
+        two would count a delivered record as lost)."""
+        if self._file is not None:
+            queue = self.queues[tap]
+            publisher = self.publishers[tap]
+            self._file.progress(
+                tap,
+                cp.Progress(
+                    queue.published,
+                    queue.publish_errors,
+                    queue.dropped[DropReason.LATE],
+                    publisher.next_transport_sequence,
+                ),
             )
-        return listing
+
+    def tap_info(self) -> tuple[TapInfo, ...]:
+        """What ``/shadow/taps`` shows of each tap that does not change (``Ready``)."""
+        return tuple(
+            TapInfo(
+                name=tap.name,
+                topic=tap.topic,
+                endpoint=publisher.endpoint,
+                capture=tap.capture,
+                curve=tap.curve is not None,
+                filters=tuple(tap.filters.names),
+                models=tap.models,
+                sample=tap.sample,
+                capacity=tap.capacity,
+                transport=tap.transport,
+                publisher_id=publisher.publisher_id,
+                subject=tap.subject,
+            )
+            for publisher in self.publishers
+            for tap in (publisher.queue.config,)
+        )
+
+    def tap_counters(self) -> tuple[TapCounters, ...]:
+        """Each tap's counters now (every ``Snapshot``)."""
+        return tuple(
+            TapCounters(
+                next_seq=queue.next_seq,
+                queued=queue.queued,
+                published=queue.published,
+                dropped=dict(queue.dropped),
+                skipped=dict(queue.skipped),
+                publish_errors=queue.publish_errors,
+                queue_depth=len(queue.items),
+            )
+            for queue in self.queues
+        )

@@ -1,24 +1,27 @@
 """The shards of the tap worker as records of its main (``worker/main/pool.py``): one
 shard's process, socket and pending output; an open request; how a shard is
-spawned, how its output is written without blocking; the pool's own metrics.
+spawned (``lifeline.spawn``: it dies with the main), how its output is written
+without blocking; the pool's own metrics.
 """
 
 from __future__ import annotations
 
 import enum
 import os
-import pickle
 import socket
 import subprocess
-import sys
 import time
+import zlib
 from pathlib import Path
 
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy import lifeline
+from shadow_proxy.channel import headers as engine_headers
+from shadow_proxy.channel.stream import StreamDecoder, consume, stream_message
 from shadow_proxy.config import Config
+from shadow_proxy.worker import messages
 
 _IOV_MAX = 512
 
@@ -55,7 +58,7 @@ class Shard:
     process: subprocess.Popen
     started: float
     sock: socket.socket | None = None
-    decoder: hf.StreamDecoder = attrs.field(factory=hf.StreamDecoder)
+    decoder: StreamDecoder = attrs.field(factory=StreamDecoder)
     out: list[bytes] = attrs.field(factory=list)
     out_bytes: int = 0
     ready: bool = False
@@ -64,9 +67,21 @@ class Shard:
     drain_deadline: float = 0.0
     exit_sent: bool = False
     keys: set[bytes] = attrs.field(factory=set)
-    info: dict = attrs.field(factory=dict)
+    #: What it said when ready (its scheduling class).
+    info: messages.Ready | None = None
     #: It was started to replace a recycled shard.
     replaces: bool = False
+
+    def queue(self, message: bytes) -> None:
+        """A stream message for the shard; written by ``write_out``."""
+        self.out.append(message)
+        self.out_bytes += len(message)
+
+    def send_exit(self) -> None:
+        """Once: finish what you were sent and exit."""
+        if not self.exit_sent:
+            self.exit_sent = True
+            self.queue(stream_message(messages.Exit().encode()))
 
 
 @attrs.define(eq=False)
@@ -80,32 +95,40 @@ class OpenRequest:
     lost: bool = False
 
 
+def shard_key(key: bytes, headers: bytes | None) -> int:
+    """What picks a request's shard: a hash of its conversation id
+    (``channel.headers.conversation``, read from its engine headers frame), else
+    its key."""
+    session = engine_headers.conversation(headers) if headers else None
+    if session is None:
+        return int.from_bytes(key, "big")
+    return zlib.crc32(session)
+
+
+#: A shard's life, named by its import path (the main never loads the models).
+SHARD_RUN = ("shadow_proxy.worker.shard.loop", "run")
+
+
 def spawn_shard(config: Config, path: str, processes: int, index: int, token: int) -> Shard:
-    """Start ``python -m shadow_proxy.worker.shard.loop``, its arguments pickled on stdin.
-    One Rust thread for the tokenizer: N shards on N cores, not N x N threads."""
+    """Start a shard (``worker/shard/loop.py``). One Rust thread for the tokenizer:
+    N shards on N cores, not N x N threads."""
     env = {**os.environ, "RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shadow_proxy.worker.shard.loop"],
-        stdin=subprocess.PIPE,
-        env=env,
-        close_fds=True,
-    )
-    process.stdin.write(pickle.dumps((config, token, path, processes)))
-    process.stdin.close()
+    process = lifeline.spawn(SHARD_RUN, (config, token, path, processes), env=env)
     return Shard(index, token, process, time.monotonic())
 
 
 def write_out(shard: Shard) -> None:
     """Write what the shard's pipe takes now; keep the rest (never blocks)."""
-    while shard.out:
+    sock = shard.sock
+    while shard.out and sock is not None:
         try:
-            sent = shard.sock.sendmsg(shard.out[:_IOV_MAX])
+            sent = sock.sendmsg(shard.out[:_IOV_MAX])
         except BlockingIOError:
             return
         except OSError:
             return  # its end is gone: the read side sees the EOF
         shard.out_bytes -= sent
-        hf.consume(shard.out, sent)
+        consume(shard.out, sent)
 
 
 class PoolMetrics:

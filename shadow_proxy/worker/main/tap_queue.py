@@ -1,19 +1,22 @@
 """One tap's bounded queue, its ``seq`` and its loss counters (no sockets here).
 
-``take_seq`` is called before ``offer``, so a record that is dropped leaves a
-gap in ``seq`` that a consumer can count. ``offer`` never blocks: a full queue
-drops the record and counts ``full``. Every other loss the worker can see is
-counted through ``drop`` with its own reason.
+``take`` takes a record's seq before it offers it to the queue, so a record that
+is dropped leaves a gap in ``seq`` that a consumer can count. ``offer`` never
+blocks: a full queue drops the record and counts ``full``. Every other loss the
+worker can see is counted through ``drop`` with its own reason. ``TapQueues``
+is every tap's queue as one ``RecordSink`` (``worker/sink.py``).
 """
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable, Iterator
 
 import attrs
 
 from shadow_proxy.config import TapConfig
 from shadow_proxy.exchange import DROP_REASONS, DropReason
+from shadow_proxy.worker.sink import EncodedRecord
 
 
 @attrs.define
@@ -29,6 +32,8 @@ class TapQueue:
     items: collections.deque[bytes] = attrs.field(factory=collections.deque)
     #: When each queued record was ready (monotonic ns): its lag is measured from there.
     ready: collections.deque[int] = attrs.field(factory=collections.deque)
+    #: Each queued record's seq (a JetStream message carries it in its headers).
+    seqs: collections.deque[int] = attrs.field(factory=collections.deque)
     closed: bool = False
 
     @property
@@ -40,8 +45,14 @@ class TapQueue:
         self.next_seq += 1
         return seq
 
-    def offer(self, payload: bytes, ready_mono_ns: int = 0) -> bool:
-        """Queue an encoded envelope; never blocks. False when dropped (counted)."""
+    def take(self, record: EncodedRecord, ready_mono_ns: int) -> bool:
+        """A record: its seq taken and written in, then offered. False when dropped."""
+        seq = self.take_seq()
+        return self.offer(record.with_seq(seq), ready_mono_ns, seq)
+
+    def offer(self, payload: bytes, ready_mono_ns: int = 0, seq: int = 0) -> bool:
+        """Queue an encoded envelope whose seq is taken; never blocks. False when
+        dropped (counted)."""
         if self.closed:
             self.dropped[DropReason.CLOSED] += 1
             return False
@@ -50,12 +61,13 @@ class TapQueue:
             return False
         self.items.append(payload)
         self.ready.append(ready_mono_ns)
+        self.seqs.append(seq)
         self.queued += 1
         return True
 
-    def popleft(self) -> tuple[bytes, int]:
-        """The oldest queued record and when it was ready."""
-        return self.items.popleft(), self.ready.popleft()
+    def popleft(self) -> tuple[bytes, int, int]:
+        """The oldest queued record, when it was ready, and its seq."""
+        return self.items.popleft(), self.ready.popleft(), self.seqs.popleft()
 
     def drop(self, reason: DropReason, count: int = 1) -> None:
         """Count records lost before they reached the queue; their seqs are taken."""
@@ -74,4 +86,31 @@ class TapQueue:
         self.dropped[DropReason.CLOSED] += lost
         self.items.clear()
         self.ready.clear()
+        self.seqs.clear()
         return lost
+
+
+class TapQueues:
+    """Every tap's queue, by index in ``config.taps``: a ``RecordSink`` whose seqs
+    are taken here (an in-process joiner's; ``Publishing`` adds the checkpoints)."""
+
+    def __init__(self, taps: Iterable[TapConfig]):
+        self.queues = [TapQueue(tap) for tap in taps]
+
+    def __len__(self) -> int:
+        return len(self.queues)
+
+    def __iter__(self) -> Iterator[TapQueue]:
+        return iter(self.queues)
+
+    def __getitem__(self, tap: int) -> TapQueue:
+        return self.queues[tap]
+
+    def record(self, tap: int, record: EncodedRecord, ready_mono_ns: int) -> None:
+        self.queues[tap].take(record, ready_mono_ns)
+
+    def drop(self, tap: int, reason: DropReason, count: int = 1) -> None:
+        self.queues[tap].drop(reason, count)
+
+    def skip(self, tap: int, reason: str) -> None:
+        self.queues[tap].skip(reason)

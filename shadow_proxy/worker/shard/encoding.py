@@ -1,6 +1,10 @@
-"""A record's bytes, with what can be recorded kept. Pure.
+"""A record's bytes, with what can be recorded kept, its seq left to the sink. Pure.
 
-``records.wire.encode_envelope`` refuses a map MessagePack cannot hold. Two
+``encode_record`` gives the envelope's MessagePack in two pieces around the value
+of its ``seq`` (``worker.sink.EncodedRecord``): the sink that takes the seq joins
+them, so the bytes are those of one ``packb`` of the envelope with that seq.
+
+MessagePack refuses some maps. Two
 causes come from clients and do not make the whole record worthless:
 
 - a string holding a lone surrogate (``"\\ud800"`` in JSON is accepted by
@@ -20,23 +24,49 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shadow_proxy.records.wire import WireError, encode_envelope
+import msgpack
+
+from shadow_proxy.records.wire import WireError
+from shadow_proxy.worker.sink import EncodedRecord
 
 MAX_DEPTH = 128
 _MIN_INT, _END_INT = -(2**63), 2**64
 
 
-def encode_record(envelope: Mapping[str, Any]) -> bytes:
-    """The envelope's MessagePack; see the module docstring. Raises ``WireError``."""
+def encode_record(envelope: Mapping[str, Any]) -> EncodedRecord:
+    """The envelope's MessagePack without its seq's value (the envelope must have a
+    ``seq`` key; its value is not read); see the module docstring. Raises
+    ``WireError``."""
+    if "seq" not in envelope:
+        raise WireError("encode", "an envelope has a 'seq'")
     try:
-        return encode_envelope(envelope)
+        return _encode(envelope)
     except WireError:
         pass
     fixed, causes = _sanitized(envelope)
     if not causes:
         raise WireError("encode", "cannot encode envelope")
     fixed["sanitized"] = sorted(causes)
-    return encode_envelope(fixed)
+    return _encode(fixed)
+
+
+def _encode(envelope: Mapping[str, Any]) -> EncodedRecord:
+    """As ``records.wire.encode_envelope`` encodes the map (bin for bytes, maps
+    stay maps), packed item by item: the bytes before the ``seq`` value, and after."""
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(envelope))]
+    head = None
+    try:
+        for key, value in envelope.items():
+            parts.append(packer.pack(key))
+            if key == "seq" and head is None:
+                head, parts = b"".join(parts), []
+            else:
+                parts.append(packer.pack(value))
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise WireError("encode", f"cannot encode envelope: {exc}") from exc
+    assert head is not None  # encode_record checked
+    return EncodedRecord(head, b"".join(parts))
 
 
 def _fix_str(value: str, causes: set[str]) -> str:

@@ -1,7 +1,8 @@
 """The join: hand-off messages in, one offer per request per tap out. No sockets.
 
-Runs in the tap worker process (``worker/main/loop.py`` feeds it and publishes the
-queues). Per request:
+Runs in a shard (``worker/shard/loop.py`` decodes the hand-off messages the main
+routes to it and hands them over; the joiner publishes into the ``RecordSink``
+it was given, ``worker/sink.py``). Per request:
 
 1. on the request message: preprocess once, decide per tap (models, select
    filters, sample), offer ``capture: request`` records at once, keep the
@@ -11,7 +12,7 @@ queues). Per request:
    each joined tap its record built from the shared projection.
 
 Guarantees: one record per request per tap that takes it, or one counted drop
-with a reason (its ``seq`` taken, so the consumer sees the gap). A batch
+with a reason (the sink takes its ``seq``, so the consumer sees the gap). A batch
 completions request is one record per prompt (``worker/request/batch.py``):
 each prompt is taken or skipped by each tap on its own, and each record takes
 its own ``seq``; the records share the request id and carry ``prompt_index``.
@@ -28,23 +29,23 @@ from typing import Any
 
 import attrs
 
-from shadow_proxy.channel import frames as hf
 from shadow_proxy.channel import headers as engine_headers
+from shadow_proxy.channel.handoff import Chunks, End, Head, Request
 from shadow_proxy.config import Config, SampleBy, TapConfig
-from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.exchange import DropReason, EndKind, Route
 from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, sample_in
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.records.wire import WireError
 from shadow_proxy.worker.budget import response_events
-from shadow_proxy.worker.main.tap_queue import TapQueue
 from shadow_proxy.worker.request.batch import PreprocessedBatch
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 from shadow_proxy.worker.response.batch import for_prompt
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 from shadow_proxy.worker.shard.encoding import encode_record
-from shadow_proxy.worker.shard.metrics import WorkerMetrics
+from shadow_proxy.worker.shard.metrics import JoinerMetrics
+from shadow_proxy.worker.sink import RecordSink
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +53,11 @@ log = logging.getLogger(__name__)
 _PROMPT_TOKENS_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
 
 
-@attrs.define
+@attrs.frozen
 class Tap:
+    #: Its index in ``config.taps``: how the sink knows it.
+    index: int
     config: TapConfig
-    queue: TapQueue
 
 
 @attrs.define
@@ -86,66 +88,72 @@ class Pending:
 
 
 class Joiner:
-    """Turns hand-off messages into tap offers; owns no socket.
+    """Turns hand-off messages into records published into ``sink``; owns no socket.
 
-    ``handle`` takes one hand-off message (its frames). Guarantees: for every
-    request handed over, each tap that takes it gets exactly one offer (its
-    record) or one counted drop, whatever the response does; requests a tap
-    does not take are counted as skips. Publishing the queues is the caller's.
+    ``handle`` takes one decoded hand-off message. Guarantees: for every request
+    handed over, each tap that takes it gets exactly one record or one counted
+    drop, whatever the response does; requests a tap does not take are counted
+    as skips. What the serving loop could not hand over at all is the main's to
+    count (``Request.lost_before``: it sees every request, a shard only its own).
     """
 
-    def __init__(self, config: Config, models: dict[str, LoadedModel]):
+    def __init__(
+        self,
+        config: Config,
+        models: dict[str, LoadedModel],
+        sink: RecordSink,
+        *,
+        max_in_flight: int | None = None,
+        metrics: JoinerMetrics | None = None,
+    ):
         self.config = config
         self.models = models
+        self.sink = sink
         self.preprocessor = Preprocessor(models, config.upstream.max_request_bytes)
-        self.taps = [Tap(c, TapQueue(c)) for c in config.taps]
-        self.metrics = WorkerMetrics([t.queue for t in self.taps])
+        self.taps = [Tap(index, c) for index, c in enumerate(config.taps)]
+        self.metrics = JoinerMetrics() if metrics is None else metrics
         self.pending: collections.OrderedDict[bytes, Pending] = collections.OrderedDict()
-        self.max_in_flight = config.worker.max_in_flight
-        self.lost_seen = 0
+        #: Requests tracked at once, awaiting their end (a shard's share of
+        #: ``worker.max_in_flight``).
+        self.max_in_flight = config.worker.max_in_flight if max_in_flight is None else max_in_flight
 
     # -- hand-off messages -------------------------------------------------------
 
-    def handle(self, frames: list[bytes]) -> None:
-        kind, key, meta = hf.split_header(frames[0])
-        if kind == hf.KIND_REQUEST:
-            self.on_request(key, meta, frames)
-        elif kind == hf.KIND_CHUNK:
-            pending = self.pending.get(key)
-            if pending is not None and pending.recorder is not None:
-                self.feed(pending.recorder, frames[1], hf.unpack_chunks(frames[2], frames[3]))
-        elif kind == hf.KIND_END:
-            pending = self.pending.pop(key, None)
-            if pending is not None:
-                end, offset = hf.END_META.unpack(meta)
-                pairs = hf.unpack_chunks(frames[3], frames[4])
-                if pending.recorder is not None and end != EndKind.CAPTURE_LOST:
-                    self.feed(pending.recorder, frames[1], pairs)
-                tail = [data for data, _ in pairs]
-                self.on_end(pending, EndKind(end), offset, frames[2].decode(), tail)
+    def handle(self, message: Request | Chunks | End) -> None:
+        match message:
+            case Request():
+                self.on_request(message)
+            case Chunks(key=key):
+                pending = self.pending.get(key)
+                if pending is not None and pending.recorder is not None:
+                    self.feed(pending.recorder, message.head, message.offsets, message.data)
+            case End(key=key, end=end):
+                pending = self.pending.pop(key, None)
+                if pending is not None:
+                    if pending.recorder is not None and end is not EndKind.CAPTURE_LOST:
+                        self.feed(pending.recorder, message.head, message.offsets, message.data)
+                    self.on_end(pending, end, message.offset_ns, message.detail, message.data)
 
     @staticmethod
-    def feed(recorder: ResponseRecorder, head: bytes, pairs: list[tuple[bytes, int]]) -> None:
+    def feed(
+        recorder: ResponseRecorder, head: Head | None, offsets: list[int], data: list[bytes]
+    ) -> None:
         """The response head (if this message carries it), then the chunks."""
-        started = hf.unpack_head(head)
-        if started is not None:
-            recorder.head(*_head_args(started))
-        for data, offset in pairs:
-            recorder.feed(data, offset)
+        if head is not None:
+            recorder.head(head.status, head.content_type, head.content_encoding, head.offset_ns)
+        for chunk, offset in zip(data, offsets, strict=True):
+            recorder.feed(chunk, offset)
 
-    def on_request(self, key: bytes, meta: bytes, frames: list[bytes]) -> None:
-        route_value, arrival_unix_ns, arrival_mono_ns, lost_before = hf.REQUEST_META.unpack(meta)
-        if lost_before > self.lost_seen:
-            # Requests the serving loop could not hand over: every tap loses them.
-            for tap in self.taps:
-                tap.queue.drop("handoff_full", lost_before - self.lost_seen)
-            self.lost_seen = lost_before
-        route = Route(route_value)
-        request_id = frames[1].decode("utf-8", "replace")
+    def on_request(self, message: Request) -> None:
+        route = message.route
+        request_id = message.request_id
+        arrival_unix_ns, arrival_mono_ns = message.arrival_unix_ns, message.arrival_mono_ns
         started = time.perf_counter()
-        headers = engine_headers.unpack(frames[3]) if len(frames) > 3 else []
-        encoding = hf.unpack_encoding(frames)  # the worker decodes its own copy, bounded
-        pre = self.preprocessor.preprocess(route, frames[2], arrival_unix_ns, headers, encoding)
+        headers = engine_headers.unpack(message.engine_headers)
+        # The worker decodes its own copy of the body, bounded.
+        pre = self.preprocessor.preprocess(
+            route, message.body, arrival_unix_ns, headers, message.content_encoding
+        )
         self.metrics.preprocess_seconds.labels(route.label).observe(time.perf_counter() - started)
         if not isinstance(pre, (PreprocessedRequest, PreprocessedBatch)):
             self.metrics.not_mirrored.labels(pre.reason).inc()
@@ -180,7 +188,7 @@ class Joiner:
                 if tap.config.joined:
                     part.joined.append(tap)
                 else:
-                    self.publish(tap, part, None)
+                    self.publish(tap, part, None, arrival_mono_ns)
         joined = [tap for part in parts for tap in part.joined]
         if joined:
             pre = pending.pre
@@ -205,7 +213,7 @@ class Joiner:
                 # Only the prompt-token check waits for the end: keep the request slim.
                 part.pre = None
                 part.projections.clear()
-        self.track(key, pending)
+        self.track(message.key, pending)
 
     def track(self, key: bytes, pending: Pending) -> None:
         self.pending[key] = pending
@@ -214,16 +222,16 @@ class Joiner:
             self.metrics.evicted.inc()
             for part in oldest.parts():
                 for tap in part.joined:
-                    tap.queue.drop("evicted")
+                    self.sink.drop(tap.index, DropReason.EVICTED)
 
     def takes(self, tap: Tap, pending: Pending) -> bool:
         config, pre = tap.config, pending.pre
         if config.models and pre.model not in config.models:
-            tap.queue.skip("models")
+            self.sink.skip(tap.index, "models")
             return False
         reason = config.filters.select(pre)
         if reason is not None:
-            tap.queue.skip(reason)
+            self.sink.skip(tap.index, reason)
             return False
         if config.sample < 1.0:
             key = (
@@ -232,7 +240,7 @@ class Joiner:
                 else request_sample_key(pending.request_id)
             )
             if not sample_in(key, config.sample):
-                tap.queue.skip("sample")
+                self.sink.skip(tap.index, "sample")
                 return False
         return True
 
@@ -246,7 +254,7 @@ class Joiner:
         if end is EndKind.CAPTURE_LOST:
             for part in parts:
                 for tap in part.joined:
-                    tap.queue.drop("handoff_full")
+                    self.sink.drop(tap.index, DropReason.HANDOFF_FULL)
             return
         # A response read no further past a work budget is not encoded either:
         # its text (up to the recorder's caps, megabytes) would cost seconds more.
@@ -266,6 +274,7 @@ class Joiner:
             token_ids=any(t.config.response.tokens for t in joined),
         )
         self.check_prompt_tokens(pending, reported_prompt_tokens(observed.usage))
+        ready = pending.arrival_mono_ns + offset
         if observed.first_token_offset_ns is not None:
             self.metrics.ttft.observe(observed.first_token_offset_ns / 1e9)
         for part in parts:
@@ -284,7 +293,7 @@ class Joiner:
                 except Exception as exc:  # this tap's record failed: its loss only
                     self.tap_failed(tap, exc)
                     continue
-                self.publish(tap, part, response)
+                self.publish(tap, part, response, ready)
 
     def check_prompt_tokens(self, pending: Pending, reported: Any) -> None:
         """The frontend's prompt count against the rebuilt one (a batch's usage
@@ -310,13 +319,16 @@ class Joiner:
     def tap_failed(self, tap: Tap, exc: Exception) -> None:
         """One tap's filters, projection or response failed on a request: that tap
         loses the record (counted, its seq taken); no other tap is affected."""
-        tap.queue.drop("projection_error")
+        self.sink.drop(tap.index, DropReason.PROJECTION_ERROR)
         log.warning("tap %s: record dropped (%s)", tap.config.name, type(exc).__name__)
 
-    def publish(self, tap: Tap, pending: Pending, response: dict | None) -> None:
-        """Project (shared by taps with equal filters), build, encode and offer one
-        tap's record. A failure costs this tap one counted drop
-        (``projection_error`` or ``encode_error``) and nothing else."""
+    def publish(
+        self, tap: Tap, pending: Pending, response: dict | None, ready_mono_ns: int
+    ) -> None:
+        """Project (shared by taps with equal filters), build, encode and publish
+        one tap's record, ready at ``ready_mono_ns`` (its lag counts from there). A
+        failure costs this tap one counted drop (``projection_error`` or
+        ``encode_error``) and nothing else."""
         config = tap.config
         projection_key = config.filters.projection_key
         request = pending.projections.get(projection_key)
@@ -327,10 +339,9 @@ class Joiner:
                 self.tap_failed(tap, exc)
                 return
             pending.projections[projection_key] = request
-        seq = tap.queue.take_seq()
         envelope = build_envelope(
             tap=config.name,
-            seq=seq,
+            seq=None,  # the sink's to take
             request_id=pending.request_id,
             origin=pending.route.origin,
             filters=config.filters.names,
@@ -341,11 +352,11 @@ class Joiner:
             prompt_index=pending.prompt_index,
         )
         try:
-            payload = encode_record(envelope)
+            record = encode_record(envelope)
         except (WireError, RecursionError):
-            tap.queue.dropped["encode_error"] += 1
+            self.sink.drop(tap.index, DropReason.ENCODE_ERROR)
             return
-        tap.queue.offer(payload)
+        self.sink.record(tap.index, record, ready_mono_ns)
 
     def finish_pending(self) -> None:
         """At shutdown: requests still open get their record as ``shutdown``."""
@@ -361,8 +372,3 @@ def reported_prompt_tokens(usage: dict[str, Any] | None) -> Any:
     API's ``usage.input_tokens``."""
     usage = usage or {}
     return usage.get("prompt_tokens", usage.get("input_tokens"))
-
-
-def _head_args(head: tuple[int, int, str, str]) -> tuple[int, str, str, int]:
-    status, offset, content_type, content_encoding = head
-    return status, content_type, content_encoding, offset

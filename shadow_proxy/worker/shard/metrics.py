@@ -1,31 +1,25 @@
-"""The tap worker's metrics, on the worker's own registry.
+"""A shard's metrics: the joiner's, on the shard's own registry.
 
-``snapshot`` turns them into plain data once a second; the serving process
-re-exports the latest snapshot on its ``/metrics`` (``channel/control.py``,
-``serving/metrics.py``). Per-tap counters are read from the tap queues at
-collection time, so they never go out of step with what the queues counted.
+The shard reports them to the worker's main (``worker/messages.py``
+``Metrics``), which combines every shard's with its own
+(``channel/families.py``) and reports them to the serving process's
+``/metrics``. The taps' counters are the main's (``worker/main/metrics.py``).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from shadow_proxy.channel.control import Family
 from shadow_proxy.metrics import LATENCY_BUCKETS
-from shadow_proxy.worker.main.tap_queue import TapQueue
 
 PREPROCESS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
-class WorkerMetrics(Collector):
-    """The worker's metrics; the snapshot is relayed to the serving process."""
+class JoinerMetrics:
+    """The joiner's metrics, on ``registry`` (a fresh one by default)."""
 
-    def __init__(self, queues: list[TapQueue]):
-        self.queues = queues
-        self.registry = CollectorRegistry()
-        self.registry.register(self)
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = CollectorRegistry() if registry is None else registry
         self.preprocess_seconds = Histogram(
             "shadow_preprocess_seconds",
             "Time to rebuild the preprocessed request (template and tokenizer).",
@@ -68,43 +62,3 @@ class WorkerMetrics(Collector):
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-
-    def collect(self):
-        labels = ["tap"]
-        queued = CounterMetricFamily(
-            "shadow_tap_queued", "Records put on the tap's queue.", labels=labels
-        )
-        published = CounterMetricFamily(
-            "shadow_tap_published", "Records sent on the tap's socket.", labels=labels
-        )
-        dropped = CounterMetricFamily(
-            "shadow_tap_dropped", "Records lost, by reason.", labels=["tap", "reason"]
-        )
-        errors = CounterMetricFamily(
-            "shadow_tap_publish_errors", "Sends that failed.", labels=labels
-        )
-        skipped = CounterMetricFamily(
-            "shadow_tap_skipped",
-            "Requests the tap did not take (filters, sample, models): not a loss.",
-            labels=["tap", "reason"],
-        )
-        depth = GaugeMetricFamily("shadow_tap_queue_depth", "Records waiting.", labels=labels)
-        for q in self.queues:
-            name = q.name
-            queued.add_metric([name], q.queued)
-            published.add_metric([name], q.published)
-            errors.add_metric([name], q.publish_errors)
-            depth.add_metric([name], len(q.items))
-            for reason, n in q.dropped.items():
-                dropped.add_metric([name, reason], n)
-            for reason, n in q.skipped.items():
-                skipped.add_metric([name, reason], n)
-        return [queued, published, dropped, errors, skipped, depth]
-
-    def snapshot(self) -> list[Family]:
-        """The registry's samples as plain data for the relay."""
-        return [
-            [family.name, family.type, family.documentation,
-             [[s.name, s.labels, s.value] for s in family.samples]]
-            for family in self.registry.collect()
-        ]  # fmt: skip

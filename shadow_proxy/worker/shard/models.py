@@ -1,13 +1,11 @@
 """What a shard sets up once: its models (each with an exact incremental prompt
-encoder and its prompt-bytes budget), the tokenizer metrics, and the guard that
-keeps one message's failure from stopping it. Runs in a shard (``worker/shard/loop.py``).
+encoder and its prompt-bytes budget) and their tokenizer metrics. Runs in a shard
+(``worker/shard/loop.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
-from pathlib import Path
 
 import attrs
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -17,9 +15,8 @@ from shadow_proxy.config import Config
 from shadow_proxy.worker.budget import Budget, longest_token_bytes
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
 from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
-from shadow_proxy.worker.shard.joiner import Joiner
 
-log = logging.getLogger("shadow_proxy.worker.shard.loop")
+log = logging.getLogger(__name__)
 
 
 class TokenizerMetrics(Collector):
@@ -85,24 +82,3 @@ def load_models(config: Config) -> dict[str, LoadedModel]:
         limit = budget.prompt_bytes(model.context_length, longest_token_bytes(model.backend))
         models[entry.name] = attrs.evolve(model, prompt_encoder=encoder, max_prompt_bytes=limit)
     return models
-
-
-def handle_safely(joiner: Joiner, frames: list[bytes]) -> bool:
-    """A malformed message or a bug in one record costs that record only. The
-    log line names the exception type and where it was raised, never its
-    message (which could quote client text). False when it failed."""
-    try:
-        joiner.handle(frames)
-    except Exception as e:  # a bug in a record's building must not stop the worker
-        frame = traceback.extract_tb(e.__traceback__)[-1]
-        where = f"{Path(frame.filename).name}:{frame.lineno}"
-        kind = type(e)
-        name = (
-            kind.__qualname__
-            if kind.__module__ == "builtins"
-            else f"{kind.__module__}.{kind.__qualname__}"
-        )
-        joiner.metrics.failures.labels(name).inc()
-        log.error("hand-off message dropped: %s at %s", name, where)
-        return False
-    return True

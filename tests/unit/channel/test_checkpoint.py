@@ -27,7 +27,7 @@ class TestFile:
 
     def test_round_trip_and_newest_wins(self, tmp_path):
         path = tmp_path / "checkpoint"
-        file = cp.CheckpointFile(path, cp.CheckpointFile.size_for(1))
+        file = cp.CheckpointFile(path, 1)
         for n in range(5):
             file.write(cp.Checkpoint(3, n, (state(next_seq=10 + n),)))
         got = cp.read_checkpoint(path)
@@ -37,7 +37,7 @@ class TestFile:
     def test_torn_write_falls_back_to_the_other_slot(self, tmp_path):
         path = tmp_path / "checkpoint"
         slot = cp.CheckpointFile.size_for(1)
-        file = cp.CheckpointFile(path, slot)
+        file = cp.CheckpointFile(path, 1)
         file.write(cp.Checkpoint(1, 0, (state(next_seq=20),)))
         file.write(cp.Checkpoint(1, 0, (state(next_seq=21),)))
         file.close()
@@ -47,6 +47,30 @@ class TestFile:
         data[newest + 20] ^= 0xFF
         path.write_bytes(bytes(data))
         assert cp.read_checkpoint(path).taps[0].next_seq == 20
+
+    def test_progress_since_the_slot_is_read_with_it(self, tmp_path):
+        """Sends noted after the last checkpoint write count as sent (and late as late):
+        only what was never sent is unsent."""
+        path = tmp_path / "checkpoint"
+        file = cp.CheckpointFile(path, 2)
+        file.write(cp.Checkpoint(1, 0, (state(), state(name="replay"))))
+        file.progress(0, cp.Progress(published=9, publish_errors=0, late=1, next_transport=9))
+        file.close()
+        kv, replay = cp.read_checkpoint(path).taps
+        assert (kv.published, kv.next_transport, kv.dropped["late"]) == (9, 9, 1)
+        assert kv.unsent == 10 - 9 - 1 - 2
+        assert replay == state(name="replay")  # no progress noted: as checkpointed
+
+    def test_torn_progress_is_ignored(self, tmp_path):
+        path = tmp_path / "checkpoint"
+        file = cp.CheckpointFile(path, 1)
+        file.write(cp.Checkpoint(1, 0, (state(),)))
+        file.progress(0, cp.Progress(published=9, publish_errors=0, late=0, next_transport=9))
+        file.close()
+        data = bytearray(path.read_bytes())
+        data[2 * cp.CheckpointFile.size_for(1) + 7] ^= 0xFF  # a store cut by the kill
+        path.write_bytes(bytes(data))
+        assert cp.read_checkpoint(path).taps[0].published == 7
 
     def test_missing_or_empty_file(self, tmp_path):
         assert cp.read_checkpoint(tmp_path / "none") is None

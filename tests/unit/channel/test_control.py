@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import attrs
 import msgpack
 import pytest
 
 from shadow_proxy.channel import control
+
+INFO = control.TapInfo(
+    name="kv",
+    topic="t",
+    endpoint="tcp://127.0.0.1:1",
+    capture="request",
+    curve=False,
+    filters=("strip-worker-pins",),
+    models=(),
+    sample=1.0,
+    capacity=1024,
+    transport="zmq",
+    publisher_id=7,
+)
 
 
 class TestRoundTrip:
@@ -14,14 +29,15 @@ class TestRoundTrip:
     @pytest.mark.parametrize(
         "message",
         [
-            control.Ready(taps=[{"name": "kv", "topic": "t", "endpoint": "tcp://127.0.0.1:1"}]),
+            control.Ready(taps=(INFO, attrs.evolve(INFO, name="js", subject="shadow.js"))),
             control.Failed("model 'm': no tokenizer.json in '/x'"),
             control.Snapshot(
+                generation=3,
                 families=[["shadow_tap_queued", "counter", "doc",
                            [["shadow_tap_queued_total", {"tap": "kv"}, 3.0]]]],
-                taps=[{"name": "kv", "next_seq": 3}],
+                taps=(control.TapCounters(next_seq=3, queued=3, dropped={"full": 0}),),
             ),
-            control.Snapshot(families=[], taps=[]),
+            control.Snapshot(generation=1, families=[], taps=()),
         ],
         ids=["ready", "failed", "snapshot", "final-snapshot"],
     )  # fmt: skip
@@ -67,6 +83,25 @@ class TestNotAControlMessage:
 
     def test_control_error_is_a_value_error(self) -> None:
         assert issubclass(control.ControlError, ValueError)
+
+
+class TestListing:
+    """``/shadow/taps`` has one shape: a tap's info and its latest counters."""
+
+    def test_info_and_counters_as_one_map(self) -> None:
+        counters = control.TapCounters(next_seq=2, queued=2, queue_depth=1)
+        (kv,) = control.listing([INFO], [counters])
+        assert (kv["name"], kv["endpoint"], kv["next_seq"], kv["queue_depth"]) == (
+            "kv",
+            "tcp://127.0.0.1:1",
+            2,
+            1,
+        )
+        assert kv["filters"] == ["strip-worker-pins"] and "subject" not in kv
+
+    def test_before_the_first_snapshot_counters_are_zero(self) -> None:
+        (kv,) = control.listing([INFO], [])
+        assert (kv["next_seq"], kv["dropped"]) == (0, {})
 
 
 def test_drain_budget_is_positive() -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import KEY, Chunks, End, HandoffMessage, Head, Last, Request
 from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.serving.handoff import Capture, Handoff
@@ -36,7 +36,7 @@ async def channel(tmp_path) -> AsyncIterator[tuple[Handoff, HandoffReader, Colle
         await asyncio.sleep(0.05)
 
 
-async def receive(reader: HandoffReader) -> list[bytes]:
+async def receive(reader: HandoffReader) -> HandoffMessage:
     await wait_until(reader.read, what="a message")
     return reader.messages.pop(0)
 
@@ -53,12 +53,10 @@ class TestMessages:
         handoff, reader, _ = channel
         capture = handoff.open(Route.COMPLETIONS, "rid-9", b'{"x": 1}', 111, 222, b"a:b\n", "gzip")
         assert capture is not None
-        first, request_id, body, headers, encoding = await receive(reader)
-        kind, key, meta = hf.split_header(first)
-        assert (kind, hf.KEY.unpack(key)) == (hf.KIND_REQUEST, (0,))
-        assert hf.REQUEST_META.unpack(meta) == (Route.COMPLETIONS, 111, 222, 0)
-        assert (request_id, body, headers) == (b"rid-9", b'{"x": 1}', b"a:b\n")
-        assert encoding == hf.pack_encoding("gzip")
+        message = await receive(reader)
+        assert message == Request(
+            KEY.pack(0), Route.COMPLETIONS, 111, 222, 0, "rid-9", b'{"x": 1}', b"a:b\n", "gzip"
+        )
 
     async def test_a_short_stream_is_two_messages(self, channel) -> None:
         handoff, reader, _ = channel
@@ -68,15 +66,13 @@ class TestMessages:
         for chunk in (b"data: a\n\n", b"data: b\n\n"):
             capture.chunk(chunk)
         capture.end(EndKind.CLEAN)
-        first, head, detail, index, data = await receive(reader)
-        kind, _, meta = hf.split_header(first)
-        assert kind == hf.KIND_END and EndKind(hf.END_META.unpack(meta)[0]) is EndKind.CLEAN
-        status, _, content_type, encoding = hf.unpack_head(head)
-        assert (status, content_type, encoding, detail) == (200, "text/event-stream", "gzip", b"")
-        pairs = hf.unpack_chunks(index, data)
-        assert [c for c, _ in pairs] == [b"data: a\n\n", b"data: b\n\n"]
-        offsets = [o for _, o in pairs]
-        assert offsets == sorted(offsets) and offsets[0] >= 0
+        end = await receive(reader)
+        assert isinstance(end, End) and end.end is EndKind.CLEAN
+        assert isinstance(end.head, Head)
+        head = (end.head.status, end.head.content_type, end.head.content_encoding, end.detail)
+        assert head == (200, "text/event-stream", "gzip", "")
+        assert end.data == [b"data: a\n\n", b"data: b\n\n"]
+        assert end.offsets == sorted(end.offsets) and end.offsets[0] >= 0
         assert await nothing_more(reader)
 
     async def test_chunks_are_batched_and_the_head_travels_once(self, channel) -> None:
@@ -89,11 +85,11 @@ class TestMessages:
             capture.chunk(b"c%d" % i)
         capture.end(EndKind.CLIENT_GONE, "gone")
         batch, end = await receive(reader), await receive(reader)
-        assert hf.split_header(batch[0])[0] == hf.KIND_CHUNK
-        assert hf.unpack_head(batch[1])[0] == 200
-        assert len(hf.unpack_chunks(batch[2], batch[3])) == Capture.BATCH_CHUNKS
-        assert end[1] == b"" and end[2] == b"gone"  # the head went with the batch
-        assert len(hf.unpack_chunks(end[3], end[4])) == 3
+        assert isinstance(batch, Chunks) and isinstance(end, End)
+        assert batch.head is not None and batch.head.status == 200
+        assert len(batch.data) == Capture.BATCH_CHUNKS
+        assert end.head is None and end.detail == "gone"  # the head went with the batch
+        assert len(end.data) == 3
 
     async def test_without_joined_taps_only_the_tail_goes(self, channel) -> None:
         handoff, reader, _ = channel
@@ -104,9 +100,8 @@ class TestMessages:
             capture.chunk(b"c%d" % i)
         capture.end(EndKind.CLEAN)
         end = await receive(reader)
-        assert hf.split_header(end[0])[0] == hf.KIND_END
-        tail = [c for c, _ in hf.unpack_chunks(end[3], end[4])]
-        assert tail == [b"c98", b"c99"] and len(tail) == Capture.TAIL_CHUNKS
+        assert isinstance(end, End)
+        assert end.data == [b"c98", b"c99"] and len(end.data) == Capture.TAIL_CHUNKS
 
     async def test_after_a_lost_message_the_end_says_capture_lost(self, channel) -> None:
         handoff, reader, registry = channel
@@ -119,9 +114,8 @@ class TestMessages:
         capture.chunk(b"after")  # not sent: the copy is no longer whole
         capture.end(EndKind.CLEAN)
         end = await receive(reader)
-        _, _, meta = hf.split_header(end[0])
-        assert EndKind(hf.END_META.unpack(meta)[0]) is EndKind.CAPTURE_LOST
-        assert hf.unpack_chunks(end[3], end[4]) == []
+        assert isinstance(end, End) and end.end is EndKind.CAPTURE_LOST
+        assert end.data == []
         full = registry.get_sample_value("shadow_handoff_dropped_total", {"reason": "full"})
         assert full == 1
 
@@ -131,12 +125,12 @@ class TestMessages:
         assert handoff.open(Route.CHAT, "lost", b"{}", 1, 1) is None
         handoff.max_bytes = bound
         handoff.open(Route.CHAT, "next", b"{}", 1, 1)
-        first, request_id, *_ = await receive(reader)
-        assert request_id == b"next"
-        assert hf.REQUEST_META.unpack(hf.split_header(first)[2])[3] == 1  # lost_before
-        assert hf.KEY.unpack(hf.split_header(first)[1]) == (1,)  # keys never reused
+        request = await receive(reader)
+        assert isinstance(request, Request) and request.request_id == "next"
+        assert request.lost_before == 1
+        assert request.key == KEY.pack(1)  # keys never reused
 
     async def test_close_sends_the_last_message(self, channel) -> None:
         handoff, reader, _ = channel
         handoff.close()
-        assert await receive(reader) == [hf.LAST_MESSAGE]
+        assert await receive(reader) == Last()

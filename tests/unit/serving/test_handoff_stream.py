@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import msgpack
 import pytest
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import checkpoint as cp
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import End, Hello, Request
 from shadow_proxy.devtools.processes import wait_until as wait_for
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.serving.handoff import Handoff
@@ -42,9 +41,9 @@ async def connected(handoff: Handoff, path) -> Worker:
     return worker
 
 
-def hello_of(message: list[bytes]) -> dict:
-    assert message[0][:1] == hf.KIND_HELLO
-    return msgpack.unpackb(message[1])
+def hello_of(message: object) -> Hello:
+    assert isinstance(message, Hello)
+    return message
 
 
 class TestConnection:
@@ -54,13 +53,13 @@ class TestConnection:
         assert handoff.open(Route.CHAT, "r0", b"{}", 1, 2) is None
         assert dropped(handoff, "worker_dead") == 1
         worker = await connected(handoff, tmp_path / "h")
-        assert hello_of(worker.messages[0]) == {"generation": 0, "lost_base": 0, "tombstones": []}
+        assert hello_of(worker.messages[0]) == Hello(0, 0, ())
         capture = handoff.open(Route.CHAT, "r1", b'{"a":1}', 3, 4)
         capture.end(EndKind.CLEAN)
         await wait_for(lambda: len(worker.read()) == 3)
         q, e = worker.messages[1:]
-        assert q[0][:1] == hf.KIND_REQUEST and q[1:3] == [b"r1", b'{"a":1}']
-        assert e[0][:1] == hf.KIND_END
+        assert isinstance(q, Request) and (q.request_id, q.body) == ("r1", b'{"a":1}')
+        assert isinstance(e, End)
         worker.close()
 
 
@@ -104,8 +103,9 @@ class TestByteBound:
         await wait_for(lambda: len(worker.read()) == 1 + accepted)
         handoff.open(Route.CHAT, "after", b"{}", 1, 1)
         await wait_for(lambda: len(worker.read()) == 2 + accepted)
-        meta = hf.REQUEST_META.unpack(worker.messages[-1][0][hf.HEADER :])
-        assert meta[3] == full  # lost_before: each tap counts them (handoff_full)
+        last = worker.messages[-1]
+        assert isinstance(last, Request)
+        assert last.lost_before == full  # each tap counts them (handoff_full)
         worker.close()
 
 
@@ -114,7 +114,9 @@ class TestDeadWorker:
 
     async def test_final_states_in_the_next_hello(self, handoff, tmp_path):
         finals_seen = []
-        handoff.on_final_states = finals_seen.append
+        handoff.on_final_states = lambda generation, finals: finals_seen.append(
+            (generation, finals)
+        )
         handoff.generation = 1
         worker = await connected(handoff, tmp_path / "h")
         for i in range(5):
@@ -130,12 +132,12 @@ class TestDeadWorker:
         handoff.generation = 2
         worker = await connected(handoff, tmp_path / "h")
         hello = hello_of(worker.messages[0])
-        assert hello["generation"] == 2
-        (final,) = [cp.from_plain(t) for t in hello["tombstones"]]
+        assert hello.generation == 2
+        (final,) = hello.tombstones
         # 1 record unsent, 3 requests unresolved, 3 arrived while dead.
         assert final.dropped == {"worker_died": 1 + 3 + 3}
         assert final.next_seq == 2 + 3 + 3
-        assert finals_seen == [(final,)]
+        assert finals_seen == [(1, (final,))]
         worker.close()
 
     async def test_checkpoint_of_another_generation_is_ignored(self, handoff, tmp_path, caplog):
@@ -148,6 +150,6 @@ class TestDeadWorker:
         stale = cp.Checkpoint(0, 0, (cp.TapState(name="kv", publisher_id=1),))
         handoff.worker_died(stale)
         worker = await connected(handoff, tmp_path / "h")
-        assert hello_of(worker.messages[0])["tombstones"] == []
+        assert hello_of(worker.messages[0]).tombstones == ()
         assert "left no checkpoint" in caplog.text
         worker.close()

@@ -64,8 +64,9 @@ class TestProxyMetrics:
 
 
 class TestWorkerMetricsRelay:
-    """The latest snapshot is exported as it is; an update replaces it whole.
-    (Across a worker's death: tests/unit/serving/test_metrics_relay_restart.py.)"""
+    """The worker's latest snapshot is exported; a counter stays at the highest value
+    its worker reported. (Across a worker's death:
+    tests/unit/serving/test_metrics_relay_restart.py.)"""
 
     @staticmethod
     def family(value: float) -> list:
@@ -77,9 +78,9 @@ class TestWorkerMetricsRelay:
         relay = WorkerMetricsRelay()
         registry.register(relay)
         assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) is None
-        relay.update([self.family(3)])
+        relay.update(1, [self.family(3)])
         assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 3
-        relay.update([self.family(5)])
+        relay.update(1, [self.family(5)])
         assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 5
-        relay.update([])
-        assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) is None
+        relay.update(1, [])
+        assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 5

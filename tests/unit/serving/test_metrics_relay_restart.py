@@ -29,17 +29,17 @@ class TestAcrossADeath:
         relay = WorkerMetricsRelay()
         registry.register(relay)
         value = registry.get_sample_value
-        relay.update(snapshot(published=5, preprocessed=7, depth=3))
-        relay.worker_died()
+        relay.update(1, snapshot(published=5, preprocessed=7, depth=3))
+        relay.worker_died(1)
         # The checkpoint says 6 were published (one after the last snapshot), 4 lost.
         relay.dead_worker_finals(
-            [cp.TapState(name="kv", publisher_id=1, published=6, dropped={"worker_died": 4})]
+            1, [cp.TapState(name="kv", publisher_id=1, published=6, dropped={"worker_died": 4})]
         )
         assert value("shadow_tap_published_total", {"tap": "kv"}) == 6
         assert value("shadow_tap_dropped_total", {"tap": "kv", "reason": "worker_died"}) == 4
         assert value("shadow_preprocess_seconds_count", {"route": "chat"}) == 7
         assert value("shadow_tap_queue_depth", {"tap": "kv"}) is None  # gone with the worker
-        relay.update(snapshot(published=1, preprocessed=2, depth=1))  # the new worker
+        relay.update(2, snapshot(published=1, preprocessed=2, depth=1))  # the new worker
         assert value("shadow_tap_published_total", {"tap": "kv"}) == 7
         assert value("shadow_preprocess_seconds_count", {"route": "chat"}) == 9
         assert value("shadow_tap_queue_depth", {"tap": "kv"}) == 1
@@ -52,6 +52,21 @@ class TestAcrossADeath:
         relay.not_mirrored("unknown_model")
         value = registry.get_sample_value
         assert value("shadow_not_mirrored_total", {"reason": "too_large"}) == 1
-        relay.update(snapshot(published=0, preprocessed=0, depth=0))
+        relay.update(1, snapshot(published=0, preprocessed=0, depth=0))
         assert value("shadow_not_mirrored_total", {"reason": "unknown_model"}) == 3
         assert value("shadow_not_mirrored_total", {"reason": "too_large"}) == 1
+
+    def test_a_dead_workers_last_snapshot_read_late(self) -> None:
+        """The worker's last snapshot, in flight when it died, read after the restart
+        began: it counts for the dead worker, once."""
+        registry = CollectorRegistry()
+        relay = WorkerMetricsRelay()
+        registry.register(relay)
+        value = registry.get_sample_value
+        relay.update(1, snapshot(published=5, preprocessed=7, depth=3))
+        relay.worker_died(1)
+        relay.update(2, snapshot(published=1, preprocessed=1, depth=1))
+        relay.update(1, snapshot(published=6, preprocessed=9, depth=3))  # late
+        assert value("shadow_tap_published_total", {"tap": "kv"}) == 7
+        assert value("shadow_preprocess_seconds_count", {"route": "chat"}) == 10
+        assert value("shadow_tap_queue_depth", {"tap": "kv"}) == 1  # the live worker's

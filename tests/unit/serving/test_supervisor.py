@@ -39,18 +39,28 @@ async def taps(config: Config) -> AsyncIterator[tuple[supervisor.Taps, Collector
         await taps.stop()
 
 
-class TestBeforeTheWorker:
-    """The sockets exist and the listing comes from the configuration."""
+def info(name: str, endpoint: str) -> control.TapInfo:
+    return control.TapInfo(
+        name=name,
+        topic=f"shadow-requests-{name}",
+        endpoint=endpoint,
+        capture="request",
+        curve=False,
+        filters=("strip-worker-pins",),
+        models=(),
+        sample=1.0,
+        capacity=1024,
+        transport="zmq",
+        publisher_id=1,
+    )
 
-    async def test_listing_from_the_configuration(self, taps, config: Config) -> None:
+
+class TestBeforeTheWorker:
+    """The sockets exist; the listing is the worker's, so there is none yet."""
+
+    async def test_no_listing_before_ready(self, taps) -> None:
         t, _ = taps
-        assert t.listing() == [
-            {"name": "kv", "topic": "shadow-requests-kv", "endpoint": config.taps[0].endpoint,
-             "capture": "request", "curve": False, "filters": ["strip-worker-pins"]},
-            {"name": "replay", "topic": "shadow-requests-replay",
-             "endpoint": config.taps[1].endpoint, "capture": "request_response",
-             "curve": False, "filters": ["strip-worker-pins"]},
-        ]  # fmt: skip
+        assert t.listing() == []
         assert t.handoff.full_response is True  # a joined tap needs every chunk
         assert t.process is None
 
@@ -62,24 +72,36 @@ class TestBeforeTheWorker:
         assert t.stopping and not directory.exists()
 
 
-class TestControlMessages:
-    """A snapshot replaces the metrics and the listing."""
+def queued(value: float) -> list:
+    return [
+        "shadow_tap_queued",
+        "counter",
+        "Records put on the tap's queue.",
+        [["shadow_tap_queued_total", {"tap": "kv"}, value]],
+    ]
 
-    async def test_snapshot(self, taps) -> None:
+
+class TestControlMessages:
+    """A snapshot updates the metrics of the worker that sent it, and the listing
+    when that worker is the current one."""
+
+    async def test_snapshot(self, taps, config: Config) -> None:
         t, registry = taps
-        family = ["shadow_tap_queued", "counter", "Records put on the tap's queue.",
-                  [["shadow_tap_queued_total", {"tap": "kv"}, 7.0]]]  # fmt: skip
-        listing = [{"name": "kv", "next_seq": 7}]
-        t._apply(control.Snapshot(families=[family], taps=listing))
+        t.handoff.generation = 2
+        t._taps = (info("kv", config.taps[0].endpoint),)
+        t._apply(control.Snapshot(2, [queued(7.0)], (control.TapCounters(next_seq=7),)))
         assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 7
-        assert t.listing() == listing
-        t._apply(control.Snapshot(families=[], taps=listing))
-        assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) is None
+        [kv] = t.listing()
+        assert (kv["name"], kv["next_seq"]) == ("kv", 7)
+        # The dead predecessor's last snapshot, read late: counted, not listed.
+        t._apply(control.Snapshot(1, [queued(3.0)], (control.TapCounters(next_seq=3),)))
+        assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 10
+        assert t.listing()[0]["next_seq"] == 7
 
     async def test_ready_and_failed_change_nothing_while_serving(self, taps) -> None:
         t, _ = taps
         before = t.listing()
-        t._apply(control.Ready(taps=[]))
+        t._apply(control.Ready(taps=()))
         t._apply(control.Failed("x"))
         assert t.listing() == before
 

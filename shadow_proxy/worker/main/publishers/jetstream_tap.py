@@ -16,7 +16,6 @@ import time
 from typing import Protocol
 
 import attrs
-import msgpack
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -52,28 +51,6 @@ def ack_timeout(attempt: int) -> float:
     return min(ACK_TIMEOUT_S * 2 ** (attempt - 1), RETRY_MAX_S)
 
 
-def envelope_seq(payload: bytes) -> int:
-    """The ``seq`` of an encoded envelope, reading only the map's first keys
-    (``build_envelope`` puts it third; the whole payload is read only if not)."""
-    for head in (memoryview(payload)[:128], payload):
-        unpacker = msgpack.Unpacker(raw=False)
-        unpacker.feed(head)
-        try:
-            for _ in range(unpacker.read_map_header()):
-                if unpacker.unpack() == "seq":
-                    value = unpacker.unpack()
-                    if type(value) is int:
-                        return value
-                    break
-                unpacker.skip()
-            break
-        except msgpack.OutOfData:
-            continue
-        except (ValueError, TypeError, msgpack.UnpackException):
-            break
-    raise ValueError("the payload is not an envelope with an integer 'seq'")
-
-
 @attrs.define
 class InFlight:
     """A record handed to the link and not yet acknowledged."""
@@ -100,7 +77,8 @@ class JetStreamPublisher:
         self.publisher_id = new_publisher_id()
         self.endpoint = f"jetstream://{link.config.stream}/{config.subject}"
         self.stats = TapStats(config.name)
-        self.handover: collections.deque[bytes] = collections.deque()
+        #: Records handed to the link: payload and seq.
+        self.handover: collections.deque[tuple[bytes, int]] = collections.deque()
         #: Written by the worker thread only.
         self.handed = 0
         self.next_heartbeat = 0.0
@@ -138,7 +116,8 @@ class JetStreamPublisher:
         if room > 0:
             handover, queue = self.handover, self.queue
             for _ in range(room):
-                handover.append(queue.popleft()[0])  # with its ready time (record lag)
+                payload, _, seq = queue.popleft()
+                handover.append((payload, seq))
             self.handed += room
             self.link.wake()
         return bool(items)
@@ -181,15 +160,9 @@ class JetStreamPublisher:
     def take_handover(self, now: float) -> None:
         handover = self.handover
         while handover:
-            payload = handover.popleft()
+            payload, seq = handover.popleft()
             transport_sequence = self.next_transport_sequence
             self.next_transport_sequence += 1
-            try:
-                seq = envelope_seq(payload)
-            except ValueError:
-                self.queue.publish_errors += 1
-                self.settled += 1
-                continue
             self.window[seq] = InFlight(payload, now, transport_sequence)
             self.unsent.append(seq)
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
+from shadow_proxy.exchange import DropReason
 from shadow_proxy.records.wire import Heartbeat, encode_frames, heartbeat_topic, new_publisher_id
 from shadow_proxy.worker.lag import LagBound
 from shadow_proxy.worker.main.publishers.curve import TapKeys, make_server
@@ -43,14 +45,18 @@ class Publisher:
         lag: Any = None,
         bound: LagBound | None = None,
         late: Any = None,
+        on_sent: Callable[[], None] | None = None,
     ):
-        """Bind the tap's socket; with ``keys`` as a CURVE server (``curve.py``)."""
+        """Bind the tap's socket; with ``keys`` as a CURVE server (``curve.py``).
+        ``on_sent`` is called each time a record has left the queue (sent, failed
+        or dropped late), after the counters say so."""
         config = queue.config
         self.queue = queue
         #: The tap's lag histogram child, the late bound and the late counter child.
         self.lag = lag
         self.bound = bound or LagBound(None)
         self.late = late
+        self.on_sent = on_sent
         self.topic = config.topic
         self.heartbeat_topic = heartbeat_topic(config.topic)
         self.publisher_id = new_publisher_id()
@@ -73,14 +79,17 @@ class Publisher:
         items = queue.items
         socket = self.socket
         bound, lag = self.bound, self.lag
+        on_sent = self.on_sent
         now = time.monotonic_ns()
         while items:
             ready = queue.ready[0] if queue.ready else 0
             if ready and bound.late(ready, now):
                 queue.popleft()
-                queue.dropped["late"] += 1
+                queue.dropped[DropReason.LATE] += 1
                 if self.late is not None:
                     self.late.inc()
+                if on_sent is not None:
+                    on_sent()
                 continue
             frames = encode_frames(
                 self.topic,
@@ -97,10 +106,14 @@ class Publisher:
                 queue.popleft()
                 queue.publish_errors += 1
                 log.warning("tap %s: publish failed: %s", queue.name, e.strerror)
+                if on_sent is not None:
+                    on_sent()
                 continue
             queue.popleft()
             self.next_transport_sequence += 1
             queue.published += 1
+            if on_sent is not None:
+                on_sent()
             if lag is not None and ready:
                 lag.observe((now - ready) / 1e9)
         self.drain_subscriptions()

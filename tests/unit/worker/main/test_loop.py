@@ -8,17 +8,17 @@ from __future__ import annotations
 import socket
 import threading
 
-import msgpack
 import zmq
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import checkpoint as cp
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import KEY, Hello, Last, Request
+from shadow_proxy.channel.stream import stream_message
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import reserve_endpoint
+from shadow_proxy.exchange import Route
 from shadow_proxy.worker.main.loop import Main
 from shadow_proxy.worker.main.publishing import Publishing
-from shadow_proxy.worker.shard.metrics import WorkerMetrics
 
 
 class RoutedTo:
@@ -29,10 +29,6 @@ class RoutedTo:
 
     def route(self, message: bytes) -> None:
         self.messages.append(message)
-
-
-def message(*frames: bytes) -> bytes:
-    return b"".join(hf.stream_buffers(list(frames))[0])
 
 
 def serving_side(path: str, *messages: bytes) -> threading.Thread:
@@ -60,9 +56,10 @@ def main_for(context: zmq.Context) -> tuple[Main, RoutedTo]:
             "taps": [{"name": "kv", "capture": "request", "endpoint": reserve_endpoint()}],
         }
     )
-    publishing = Publishing(config, context, CollectorRegistry())
+    registry = CollectorRegistry()
+    publishing = Publishing(config, context, registry)
     pool = RoutedTo()
-    return Main(config, publishing, pool, WorkerMetrics(publishing.queues)), pool  # type: ignore[arg-type]
+    return Main(config, publishing, pool, registry), pool  # type: ignore[arg-type]
 
 
 class TestHandoff:
@@ -70,12 +67,10 @@ class TestHandoff:
         context = zmq.Context()
         main, pool = main_for(context)
         dead = cp.TapState(name="kv", publisher_id=5, next_seq=9, dropped={"worker_died": 2})
-        hello = msgpack.packb({"generation": 3, "lost_base": 4, "tombstones": [cp.to_plain(dead)]})
-        q = message(hf.KIND_REQUEST + hf.KEY.pack(1) + b"meta", b"rid", b"{}")
+        hello = stream_message(Hello(3, 4, (dead,)).encode())
+        q = stream_message(Request(KEY.pack(1), Route.CHAT, 1, 2, 0, "rid", b"{}").encode())
         path = str(tmp_path / "h")
-        thread = serving_side(
-            path, message(hf.KIND_HELLO + hf.KEY.pack(0), hello), q, message(hf.LAST_MESSAGE)
-        )
+        thread = serving_side(path, hello, q, stream_message(Last().encode()))
         try:
             main.connect(path)
             assert main.publishing.lost_seen == 4  # counted by the dead worker's final state
@@ -95,8 +90,7 @@ class TestHandoff:
         context = zmq.Context()
         main, _ = main_for(context)
         path = str(tmp_path / "h")
-        hello = msgpack.packb({"generation": 1, "lost_base": 0, "tombstones": []})
-        thread = serving_side(path, message(hf.KIND_HELLO + hf.KEY.pack(0), hello))
+        thread = serving_side(path, stream_message(Hello(1, 0).encode()))
         try:
             main.connect(path)
             thread.join(5)

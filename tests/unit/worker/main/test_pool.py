@@ -14,11 +14,12 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Request, peek
+from shadow_proxy.channel.stream import StreamDecoder, split_frames, stream_message
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import reserve_endpoint
 from shadow_proxy.exchange import EndKind, Route
-from shadow_proxy.worker import messages as sw
+from shadow_proxy.worker import messages
 from shadow_proxy.worker.main.pool import Pool
 from shadow_proxy.worker.main.publishing import Publishing
 from shadow_proxy.worker.main.shards import Shard
@@ -33,7 +34,7 @@ class ShardEnd:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.sock.settimeout(0.2)
-        self.decoder = hf.StreamDecoder()
+        self.decoder = StreamDecoder()
 
     def received(self) -> list[bytes]:
         out = []
@@ -46,8 +47,8 @@ class ShardEnd:
                 return out
             out += self.decoder.feed(data)
 
-    def send(self, *messages: list[bytes]) -> None:
-        self.sock.sendall(b"".join(b"".join(hf.stream_buffers(m)[0]) for m in messages))
+    def send(self, *sent: messages.ShardMessage) -> None:
+        self.sock.sendall(b"".join(stream_message(m.encode()) for m in sent))
 
 
 @pytest.fixture
@@ -96,24 +97,22 @@ def q(
     key: int, body: bytes = b"{}", age_s: float = 0.0, lost_before: int = 0, headers: bytes = b""
 ) -> bytes:
     arrival = time.monotonic_ns() - int(age_s * 1e9)
-    meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), arrival, lost_before)
-    frames = [hf.KIND_REQUEST + hf.KEY.pack(key) + meta, b"rid", body, headers, b""]
-    return b"".join(hf.stream_buffers(frames)[0])
+    request = Request(
+        KEY.pack(key), Route.CHAT, time.time_ns(), arrival, lost_before, "rid", body, headers
+    )
+    return stream_message(request.encode())
 
 
 def c(key: int, data: bytes = b"data: x\n\n") -> bytes:
-    index, joined = hf.pack_chunks([1], [data])
-    return b"".join(hf.stream_buffers([hf.KIND_CHUNK + hf.KEY.pack(key), b"", index, joined])[0])
+    return stream_message(Chunks(KEY.pack(key), None, [1], [data]).encode())
 
 
 def e(key: int) -> bytes:
-    meta = hf.END_META.pack(EndKind.CLEAN, 5)
-    frames = [hf.KIND_END + hf.KEY.pack(key) + meta, b"", b"", b"", b""]
-    return b"".join(hf.stream_buffers(frames)[0])
+    return stream_message(End(KEY.pack(key), EndKind.CLEAN, 5).encode())
 
 
-def kinds(messages: list[bytes]) -> list[tuple[bytes, int]]:
-    return [(hf.peek(m)[0], hf.KEY.unpack(hf.peek(m)[1])[0]) for m in messages]
+def kinds(received: list[bytes]) -> list[tuple[bytes, int]]:
+    return [(peek(m)[0], KEY.unpack(peek(m)[1])[0]) for m in received]
 
 
 def dropped(publishing: Publishing, tap: int, reason: str) -> int:
@@ -180,10 +179,9 @@ class TestBoundsAndLag:
         p.route(c(0))  # not forwarded either: the copy is no longer whole
         p.route(e(0))
         p.flush()
-        messages = zero.received()
-        assert kinds(messages) == [(b"q", 0), (b"e", 0)]
-        end = hf.split_frames(messages[1])
-        assert hf.END_META.unpack(end[0][hf.HEADER :])[0] == EndKind.CAPTURE_LOST
+        received = zero.received()
+        assert kinds(received) == [(b"q", 0), (b"e", 0)]
+        assert End.decode(split_frames(received[1])) == End.lost(KEY.pack(0), 5)
 
     def test_late_at_intake(self, pool) -> None:
         p, publishing, (zero, _) = pool
@@ -204,8 +202,10 @@ class TestSettlesAndDeath:
         zero.received()
         # Request 0: kv's record done, replay's owed. Request 2: a batch of 3 prompts
         # owing replay 3 records. Request 4: never settled (every tap owed once).
-        zero.send(sw.settle(hf.KEY.pack(0), [REPLAY], False),
-                  sw.settle(hf.KEY.pack(2), [REPLAY] * 3, False))  # fmt: skip
+        zero.send(
+            messages.Settle(KEY.pack(0), (REPLAY,), False),
+            messages.Settle(KEY.pack(2), (REPLAY,) * 3, False),
+        )
         shard = p.slots[0]
         fd = shard.sock.fileno()
         deadline = time.monotonic() + 5

@@ -1,6 +1,6 @@
 """The worker's one authority over seqs: every record's seq written into it, claimed in
-the checkpoint before it is sent; late records dropped, not sent; a dead predecessor's
-final state announced on its publisher id."""
+the checkpoint before it is sent and noted there as it is sent; late records dropped,
+not sent; a dead predecessor's final state announced on its publisher id."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ import zmq
 from prometheus_client import CollectorRegistry
 
 from shadow_proxy.channel import checkpoint as cp
+from shadow_proxy.channel import control
+from shadow_proxy.channel.handoff import Hello
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import reserve_endpoint
+from shadow_proxy.exchange import DropReason
 from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import build_envelope
-from shadow_proxy.worker import messages as sw
 from shadow_proxy.worker.main.publishing import Publishing
+from shadow_proxy.worker.shard.encoding import encode_record
+from shadow_proxy.worker.sink import EncodedRecord
 
 
 def config(max_lag_s: float | None = 30.0) -> Config:
@@ -30,14 +34,20 @@ def config(max_lag_s: float | None = 30.0) -> Config:
     )
 
 
-def payload(request_id: str) -> tuple[bytes, int]:
-    """An envelope as a shard encodes it: the placeholder seq, and where it is."""
+def payload(request_id: str) -> EncodedRecord:
+    """An envelope as a shard encodes it: its seq left to the main."""
     envelope = build_envelope(
-        tap="kv", seq=sw.SEQ_PLACEHOLDER, request_id=request_id, origin="chat", filters=[],
-        arrival_unix_ns=1, sample_rate=1.0, request={"token_ids": [1, 2]}, response=None,
-    )  # fmt: skip
-    data = wire.encode_envelope(envelope)
-    return data, sw.seq_offset(data)
+        tap="kv",
+        seq=None,
+        request_id=request_id,
+        origin="chat",
+        filters=[],
+        arrival_unix_ns=1,
+        sample_rate=1.0,
+        request={"token_ids": [1, 2]},
+        response=None,
+    )
+    return encode_record(envelope)
 
 
 @pytest.fixture
@@ -78,8 +88,7 @@ class TestSeqs:
     def test_seq_written_into_each_record(self, setup):
         publishing, sub, _, _ = setup
         for i in range(3):
-            data, offset = payload(f"r{i}")
-            publishing.take(0, data, offset, time.monotonic_ns())
+            publishing.record(0, payload(f"r{i}"), time.monotonic_ns())
         publishing.pump()
         records = [
             wire.decode_envelope(m.payload)
@@ -90,10 +99,9 @@ class TestSeqs:
 
     def test_losses_take_seqs_and_add_up(self, setup):
         publishing, _, _, _ = setup
-        data, offset = payload("r")
-        publishing.take(0, data, offset, time.monotonic_ns())
-        publishing.take(0, data, -1, time.monotonic_ns())  # could not be patched: encode_error
-        publishing.drop_request("worker_died")
+        publishing.record(0, payload("r"), time.monotonic_ns())
+        publishing.drop(0, DropReason.ENCODE_ERROR)  # a shard could not encode it
+        publishing.drop_request(DropReason.WORKER_DIED)
         publishing.count_lost(3)
         publishing.count_lost(3)  # the same count again: nothing more
         queue = publishing.queues[0]
@@ -118,10 +126,9 @@ class TestClaims:
             seen.append((seq, claimed))
             return send(frames, *args, **kwargs)
 
-        publisher.socket = _Spy(publisher.socket, checked_send)
+        publisher.socket = _Spy(publisher.socket, checked_send)  # type: ignore[assignment]
         for i in range(5):
-            data, offset = payload(f"r{i}")
-            publishing.take(0, data, offset, time.monotonic_ns())
+            publishing.record(0, payload(f"r{i}"), time.monotonic_ns())
             if i % 2:
                 publishing.pump()
         publishing.pump()
@@ -150,8 +157,7 @@ class TestLate:
         publishing, sub, registry, _ = setup
         now = time.monotonic_ns()
         for i, age_s in enumerate((5.0, 0.2, 3.0, 0.0)):
-            data, offset = payload(f"r{i}")
-            publishing.take(0, data, offset, now - int(age_s * 1e9))
+            publishing.record(0, payload(f"r{i}"), now - int(age_s * 1e9))
         publishing.pump()
         records = [
             wire.decode_envelope(m.payload)
@@ -174,7 +180,7 @@ class TestLastWords:
         publishing, sub, _, _ = setup
         dead = cp.TapState(name="kv", publisher_id=77, next_seq=12, published=2, next_transport=2,
                            dropped={"worker_died": 10})  # fmt: skip
-        publishing.announce([dead, cp.TapState(name="gone", publisher_id=78)])
+        publishing.on_hello(Hello(2, 0, (dead, cp.TapState(name="gone", publisher_id=78))))
         publishing.heartbeat()
         beats = [
             wire.Heartbeat.decode(m.payload)
@@ -206,9 +212,8 @@ class TestListingAndDrain:
         )
         publishing = Publishing(cfg, context, CollectorRegistry())
         try:
-            data, offset = payload("r")
-            publishing.take(0, data, offset, time.monotonic_ns())
-            kv, replay = publishing.listing()
+            publishing.record(0, payload("r"), time.monotonic_ns())
+            kv, replay = control.listing(publishing.tap_info(), publishing.tap_counters())
             assert set(kv) == {
                 "name", "topic", "endpoint", "capture", "filters", "models", "sample",
                 "capacity", "publisher_id", "next_seq", "queued", "published", "dropped",
@@ -226,11 +231,33 @@ class TestListingAndDrain:
     def test_drain_publishes_then_closes(self, setup) -> None:
         publishing, sub, _, path = setup
         for i in range(3):
-            data, offset = payload(f"r{i}")
-            publishing.take(0, data, offset, time.monotonic_ns())
+            publishing.record(0, payload(f"r{i}"), time.monotonic_ns())
         assert publishing.drain(2.0) == 0  # everything published in time
         assert [r["request_id"] for r in envelopes(received(sub))] == ["r0", "r1", "r2"]
         queue = publishing.queues[0]
         assert queue.closed and not queue.offer(b"late")
         assert queue.dropped["closed"] == 1
         assert cp.read_checkpoint(path).taps[0].published == 3
+
+
+class TestProgress:
+    """Each send is in the checkpoint as soon as it is made, before the batch ends:
+    a kill in the middle of a batch counts as lost only what was not sent."""
+
+    def test_every_send_noted_at_once(self, setup):
+        publishing, _, _, path = setup
+        publisher = publishing.publishers[0]
+        send = publisher.socket.send_multipart
+        published_before_each_send = []
+
+        def checked_send(frames, *args, **kwargs):
+            published_before_each_send.append(cp.read_checkpoint(path).taps[0].published)
+            return send(frames, *args, **kwargs)
+
+        publisher.socket = _Spy(publisher.socket, checked_send)  # type: ignore[assignment]
+        for i in range(4):
+            publishing.record(0, payload(f"r{i}"), time.monotonic_ns())
+        publishing.pump()  # one batch of four sends
+        assert published_before_each_send == [0, 1, 2, 3]
+        state = cp.read_checkpoint(path).taps[0]
+        assert (state.published, state.next_transport, state.unsent) == (4, 4, 0)

@@ -8,7 +8,7 @@ import socket
 
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.stream import StreamDecoder, stream_message
 from shadow_proxy.worker.main.shards import PoolMetrics, Shard, default_processes, write_out
 
 
@@ -34,11 +34,10 @@ class TestWriteOut:
         ours.setblocking(False)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         shard = Shard(0, 1, process=None, started=0.0, sock=ours)  # type: ignore[arg-type]
-        messages = [b"".join(hf.stream_buffers([b"q", bytes([i]) * 30_000])[0]) for i in range(8)]
+        messages = [stream_message([b"q", bytes([i]) * 30_000]) for i in range(8)]
         for m in messages:
-            shard.out.append(m)
-            shard.out_bytes += len(m)
-        decoder = hf.StreamDecoder()
+            shard.queue(m)
+        decoder = StreamDecoder()
         got: list[bytes] = []
         theirs.settimeout(5)
         while len(got) < len(messages):

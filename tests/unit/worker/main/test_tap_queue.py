@@ -83,3 +83,28 @@ class TestSkipAndClose:
     def test_every_reason_starts_at_zero(self) -> None:
         assert queue().dropped == dict.fromkeys(DROP_REASONS, 0)
         assert queue().name == "kv"
+
+
+class TestTapQueues:
+    """Every tap's queue as a record sink: the seq is taken here, in order, and a
+    record dropped (full) still took its own."""
+
+    def test_seqs_taken_and_written(self) -> None:
+        import msgpack
+
+        from shadow_proxy.exchange import DropReason
+        from shadow_proxy.worker.main.tap_queue import TapQueues
+        from shadow_proxy.worker.sink import EncodedRecord
+
+        config = TapConfig("kv", "t", "request", "tcp://127.0.0.1:1", FilterSet.parse([]),
+                           capacity=1)  # fmt: skip
+        sink = TapQueues([config])
+        head = msgpack.Packer().pack_map_header(1) + msgpack.packb("seq")
+        sink.drop(0, DropReason.EVICTED)
+        sink.record(0, EncodedRecord(head, b""), 5)
+        sink.record(0, EncodedRecord(head, b""), 6)  # full: dropped, its seq taken
+        sink.skip(0, "sample")
+        (q,) = sink
+        assert [msgpack.unpackb(item) for item in q.items] == [{"seq": 1}]
+        assert (list(q.ready), list(q.seqs)) == ([5], [1])
+        assert q.next_seq == 3 and q.dropped["full"] == 1 and q.skipped == {"sample": 1}

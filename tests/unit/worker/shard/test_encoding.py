@@ -6,8 +6,19 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from shadow_proxy.records.wire import WireError, decode_envelope
-from shadow_proxy.worker.shard.encoding import MAX_DEPTH, encode_record
+from shadow_proxy.records.wire import WireError, decode_envelope, encode_envelope
+from shadow_proxy.worker.shard import encoding
+from shadow_proxy.worker.shard.encoding import MAX_DEPTH
+
+
+def encode_record(envelope: dict, seq: int = 0) -> bytes:
+    """The record's bytes once its seq is written in (an envelope without a
+    ``seq`` gets one, last)."""
+    return encoding.encode_record({**envelope, "seq": None}).with_seq(seq)
+
+
+def without_seq(envelope: dict) -> dict:
+    return {k: v for k, v in envelope.items() if k != "seq"}
 
 
 def nested(depth: int, leaf: object) -> dict:
@@ -44,7 +55,7 @@ class TestRepaired:
     def test_edges_of_the_integer_range_untouched(self) -> None:
         clean = {"a": "ü", "lo": -(2**63), "hi": 2**64 - 1, "f": 1.5, "n": None}
         payload = encode_record(clean)
-        assert msgpack.unpackb(payload) == clean
+        assert without_seq(msgpack.unpackb(payload)) == clean
 
 
 class TestRefused:
@@ -61,3 +72,32 @@ class TestRefused:
     def test_deep_but_within_the_bound_is_repaired(self) -> None:
         envelope = msgpack.unpackb(encode_record(nested(MAX_DEPTH - 1, 2**70)))
         assert envelope["sanitized"] == ["big_integers"]
+
+
+class TestSeqLeftToTheSink:
+    """The two pieces around the seq's value, joined with any seq, are the bytes of
+    one ``packb`` of the envelope with that seq: a consumer cannot tell."""
+
+    @pytest.mark.parametrize("seq", [0, 1, 127, 128, 2**16, 2**40 + 3, 2**64 - 1])
+    def test_byte_for_byte(self, seq: int) -> None:
+        envelope = {
+            "schema_version": 1,
+            "tap": "kv-history_1",
+            "seq": None,
+            "request_id": "seq \xa3seq",
+            "request": {"token_ids": [2**64 - 1, 5], "seq": 7, "blob": b"\x00\xff"},
+        }
+        record = encoding.encode_record(envelope)
+        assert record.with_seq(seq) == encode_envelope({**envelope, "seq": seq})
+
+    def test_sanitized_too(self) -> None:
+        record = encoding.encode_record({"seq": None, "a": "\ud800"})
+        assert decode_envelope(record.with_seq(9)) == {
+            "seq": 9,
+            "a": "\ufffd",
+            "sanitized": ["lone_surrogates"],
+        }
+
+    def test_an_envelope_has_a_seq(self) -> None:
+        with pytest.raises(WireError, match="seq"):
+            encoding.encode_record({"tap": "kv"})

@@ -1,6 +1,6 @@
-"""The join, without sockets: hand-off messages in (built with ``channel.frames``),
-tap offers out. Every request a tap takes gets exactly one record or one counted
-drop, whatever the response does."""
+"""The join, without sockets: hand-off messages in (``channel.handoff``), records
+out into an in-process sink (``TapQueues``). Every request a tap takes gets
+exactly one record or one counted drop, whatever the response does."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import Any
 import attrs
 import pytest
 
-from shadow_proxy.channel import frames as hf
 from shadow_proxy.channel import headers as engine_headers
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Request
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
+from shadow_proxy.worker.main.tap_queue import TapQueue, TapQueues
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 from shadow_proxy.worker.shard.joiner import Joiner
@@ -35,17 +36,25 @@ REQUEST_TAP = {"name": "kv", "capture": "request"}
 JOINED_TAP = {"name": "replay", "capture": "request_response", "response": {"text": True}}
 
 
+def joiner_for(cfg: Config, models: dict[str, LoadedModel]) -> Joiner:
+    return Joiner(cfg, models, TapQueues(cfg.taps))
+
+
 def key(n: int) -> bytes:
-    return hf.KEY.pack(n)
+    return KEY.pack(n)
 
 
-def request(n: int, body: dict[str, Any], *, lost_before: int = 0, rid: str = "") -> list[bytes]:
-    meta = hf.REQUEST_META.pack(Route.CHAT, ARRIVAL_NS, time.monotonic_ns(), lost_before)
-    return [
-        hf.KIND_REQUEST + key(n) + meta,
-        (rid or f"req-{n}").encode(),
+def request(n: int, body: dict[str, Any], *, rid: str = "", headers: bytes = b"") -> Request:
+    return Request(
+        key(n),
+        Route.CHAT,
+        ARRIVAL_NS,
+        time.monotonic_ns(),
+        0,
+        rid or f"req-{n}",
         json.dumps(body).encode(),
-    ]
+        headers,
+    )
 
 
 def event(content: str | None = None, finish: str | None = None, **extra: Any) -> bytes:
@@ -55,28 +64,30 @@ def event(content: str | None = None, finish: str | None = None, **extra: Any) -
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-HEAD = hf.pack_head(200, 1_000, "text/event-stream", "")
+HEAD = Head(200, 1_000, "text/event-stream", "")
 
 
-def chunks(n: int, data: list[bytes], head: bytes = b"") -> list[bytes]:
-    index, joined = hf.pack_chunks([2_000 + i for i in range(len(data))], data)
-    return [hf.KIND_CHUNK + key(n), head, index, joined]
+def chunks(n: int, data: list[bytes], head: Head | None = None) -> Chunks:
+    return Chunks(key(n), head, [2_000 + i for i in range(len(data))], data)
 
 
-def end(n: int, data: list[bytes], kind: EndKind = EndKind.CLEAN, head: bytes = b"",
-        detail: str = "") -> list[bytes]:  # fmt: skip
-    index, joined = hf.pack_chunks([5_000 + i for i in range(len(data))], data)
-    meta = hf.END_META.pack(kind, 9_000)
-    return [hf.KIND_END + key(n) + meta, head, detail.encode(), index, joined]
+def end(
+    n: int,
+    data: list[bytes],
+    kind: EndKind = EndKind.CLEAN,
+    head: Head | None = None,
+    detail: str = "",
+) -> End:
+    return End(key(n), kind, 9_000, head, detail, [5_000 + i for i in range(len(data))], data)
+
+
+def queue(joiner: Joiner, tap: str) -> TapQueue:
+    assert isinstance(joiner.sink, TapQueues)
+    return next(q for q in joiner.sink if q.name == tap)
 
 
 def records(joiner: Joiner, tap: str) -> list[dict[str, Any]]:
-    [queue] = [t.queue for t in joiner.taps if t.config.name == tap]
-    return [wire.decode_envelope(item) for item in queue.items]
-
-
-def queue(joiner: Joiner, tap: str):
-    return next(t.queue for t in joiner.taps if t.config.name == tap)
+    return [wire.decode_envelope(item) for item in queue(joiner, tap).items]
 
 
 @pytest.fixture
@@ -88,7 +99,7 @@ class TestJoin:
     """A request tap is offered at the request; a joined tap at the end, once."""
 
     def test_request_then_joined_record(self, models) -> None:
-        joiner = Joiner(config(REQUEST_TAP, JOINED_TAP), models)
+        joiner = joiner_for(config(REQUEST_TAP, JOINED_TAP), models)
         joiner.handle(request(1, chat_body(), rid="client-id"))
         [kv] = records(joiner, "kv")
         assert (kv["tap"], kv["seq"], kv["request_id"], kv["origin"]) == (
@@ -106,13 +117,13 @@ class TestJoin:
         assert joiner.pending == {}
 
     def test_chunks_of_an_unknown_request_are_ignored(self, models) -> None:
-        joiner = Joiner(config(JOINED_TAP), models)
+        joiner = joiner_for(config(JOINED_TAP), models)
         joiner.handle(chunks(7, [event("x")], head=HEAD))
         joiner.handle(end(7, []))
         assert records(joiner, "replay") == [] and queue(joiner, "replay").next_seq == 0
 
     def test_a_request_not_mirrored_takes_no_seq(self, models) -> None:
-        joiner = Joiner(config(REQUEST_TAP), models)
+        joiner = joiner_for(config(REQUEST_TAP), models)
         joiner.handle(request(1, chat_body(model="unlisted")))
         joiner.handle(request(2, chat_body()))
         assert [r["seq"] for r in records(joiner, "kv")] == [0]
@@ -120,7 +131,7 @@ class TestJoin:
         assert reasons("shadow_not_mirrored_total", {"reason": "unknown_model"}) == 1
 
     def test_a_tap_for_other_models_skips(self, models) -> None:
-        joiner = Joiner(config(REQUEST_TAP, {**REQUEST_TAP, "name": "other",
+        joiner = joiner_for(config(REQUEST_TAP, {**REQUEST_TAP, "name": "other",
                                              "models": ["chatml"]}), models)  # fmt: skip
         joiner.handle(request(1, chat_body()))
         assert len(records(joiner, "kv")) == 1
@@ -130,17 +141,8 @@ class TestJoin:
 class TestLosses:
     """What cannot be recorded is dropped with its reason, its seq taken."""
 
-    def test_requests_lost_in_the_hand_off(self, models) -> None:
-        joiner = Joiner(config(REQUEST_TAP, JOINED_TAP), models)
-        joiner.handle(request(1, chat_body(), lost_before=2))
-        for name in ("kv", "replay"):
-            assert queue(joiner, name).dropped["handoff_full"] == 2
-        assert [r["seq"] for r in records(joiner, "kv")] == [2]  # 0 and 1: the gap
-        joiner.handle(request(2, chat_body(), lost_before=2))  # the same count: no new loss
-        assert queue(joiner, "kv").dropped["handoff_full"] == 2
-
     def test_a_lost_capture_drops_the_joined_record(self, models) -> None:
-        joiner = Joiner(config(REQUEST_TAP, JOINED_TAP), models)
+        joiner = joiner_for(config(REQUEST_TAP, JOINED_TAP), models)
         joiner.handle(request(1, chat_body()))
         joiner.handle(end(1, [], kind=EndKind.CAPTURE_LOST))
         assert records(joiner, "replay") == []
@@ -149,7 +151,7 @@ class TestLosses:
         assert len(records(joiner, "kv")) == 1
 
     def test_the_oldest_open_request_is_evicted(self, models) -> None:
-        joiner = Joiner(config(JOINED_TAP, worker={"max_in_flight": 1}), models)
+        joiner = joiner_for(config(JOINED_TAP, worker={"max_in_flight": 1}), models)
         joiner.handle(request(1, chat_body()))
         joiner.handle(request(2, chat_body()))
         assert list(joiner.pending) == [key(2)]
@@ -159,7 +161,7 @@ class TestLosses:
         assert records(joiner, "replay") == []
 
     def test_open_requests_get_a_shutdown_record(self, models) -> None:
-        joiner = Joiner(config(JOINED_TAP), models)
+        joiner = joiner_for(config(JOINED_TAP), models)
         joiner.handle(request(1, chat_body()))
         joiner.handle(chunks(1, [event("Hi")], head=HEAD))
         joiner.finish_pending()
@@ -175,7 +177,7 @@ class TestPromptTokenCheck:
     @pytest.mark.parametrize("joined", [True, False], ids=["joined-tap", "tail-only"])
     @pytest.mark.parametrize("offset", [0, 1], ids=["equal", "differs"])
     def test_checked(self, models, joined: bool, offset: int) -> None:
-        joiner = Joiner(config(JOINED_TAP if joined else REQUEST_TAP), models)
+        joiner = joiner_for(config(JOINED_TAP if joined else REQUEST_TAP), models)
         joiner.handle(request(1, chat_body()))
         prompt = joiner.pending[key(1)].prompt_tokens
         usage = {"prompt_tokens": prompt + offset, "completion_tokens": 1, "total_tokens": 9}
@@ -186,7 +188,7 @@ class TestPromptTokenCheck:
         assert (mismatches or 0) == offset
 
     def test_without_usage_nothing_is_checked(self, models) -> None:
-        joiner = Joiner(config(REQUEST_TAP), models)
+        joiner = joiner_for(config(REQUEST_TAP), models)
         joiner.handle(request(1, chat_body()))
         joiner.handle(end(1, [event("a", finish="length")], head=HEAD))
         value = joiner.metrics.registry.get_sample_value
@@ -209,11 +211,9 @@ class TestAnswersKept:
     @pytest.mark.parametrize(("session", "kept"), [(True, True), (False, False)])
     def test_kept_only_for_a_conversation(self, chatml, session, kept) -> None:
         tokens = {**JOINED_TAP, "response": {"tokens": True}}
-        joiner = Joiner(config(tokens), chatml)
-        frames = request(1, chat_body(model="chatml"))
-        if session:
-            frames += [engine_headers.pick([(b"x-dynamo-session-id", b"conv-1")]), b""]
-        joiner.handle(frames)
+        joiner = joiner_for(config(tokens), chatml)
+        headers = engine_headers.pick([(b"x-dynamo-session-id", b"conv-1")]) if session else b""
+        joiner.handle(request(1, chat_body(model="chatml"), headers=headers))
         joiner.handle(chunks(1, [event("The answer"), event(" is 42.")], head=HEAD))
         joiner.handle(end(1, [event(finish="stop"), b"data: [DONE]\n\n"]))
         [replay] = records(joiner, "replay")
@@ -228,7 +228,7 @@ class TestCutResponses:
 
     def test_cut_by_the_events_bound(self, models) -> None:
         tokens = {**JOINED_TAP, "response": {"tokens": True, "text": True}}
-        joiner = Joiner(config(tokens), models)
+        joiner = joiner_for(config(tokens), models)
         joiner.handle(request(1, chat_body()))  # max_tokens 4: 4 x 4 + 256 events
         joiner.handle(chunks(1, [event("word ")] * 300, head=HEAD))
         joiner.handle(end(1, [event(finish="length"), b"data: [DONE]\n\n"]))
@@ -243,7 +243,7 @@ class TestCutResponses:
 
     def test_whole_responses_are_encoded(self, models) -> None:
         tokens = {**JOINED_TAP, "response": {"tokens": True}}
-        joiner = Joiner(config(tokens), models)
+        joiner = joiner_for(config(tokens), models)
         joiner.handle(request(1, chat_body()))
         joiner.handle(chunks(1, [event("word ")] * 4, head=HEAD))
         joiner.handle(end(1, [event(finish="length"), b"data: [DONE]\n\n"]))

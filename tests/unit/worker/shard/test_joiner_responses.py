@@ -1,6 +1,6 @@
 """The joiner (no sockets) on Responses and batch completions: records per tap.
 
-Hand-off messages are built with ``channel/frames.py`` and fed to a ``Joiner``
+Hand-off messages are built with ``channel/handoff.py`` and fed to a ``Joiner``
 with real tokenizers; the records are read back from the tap queues. Answers
 are Dynamo 1.6.1's own bytes (``tests/data/dynamo/capture_responses.py``).
 """
@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import KEY, End, Head, Request
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import check_envelope
+from shadow_proxy.worker.main.tap_queue import TapQueue, TapQueues
 from shadow_proxy.worker.request.tokenizer import load_model
 from shadow_proxy.worker.shard.joiner import Joiner
 from tests.support.servers import proxy_config
@@ -35,7 +36,9 @@ def models(model_dirs) -> dict:
     return {name: load_model(name, str(path)) for name, path in model_dirs.items()}
 
 
-def make_joiner(models: dict, *, joined: bool = True, **request_tap: Any) -> Joiner:
+def make_joiner(
+    models: dict, *, joined: bool = True, max_in_flight: int | None = None, **request_tap: Any
+) -> Joiner:
     taps = [{"name": REQUESTS, "capture": "request", **request_tap}]
     if joined:
         taps.append(
@@ -48,7 +51,7 @@ def make_joiner(models: dict, *, joined: bool = True, **request_tap: Any) -> Joi
         )
     models_config = [{"name": name, "tokenizer": "unused"} for name in models]
     config = proxy_config("http://127.0.0.1:1", taps=taps, models=models_config)
-    return Joiner(config, models)
+    return Joiner(config, models, TapQueues(config.taps), max_in_flight=max_in_flight)
 
 
 def exchange(
@@ -64,19 +67,22 @@ def exchange(
     status: int = 200,
 ) -> None:
     """One request and its whole answer, in 3 chunks, as the serving loop hands them over."""
-    k = hf.KEY.pack(key)
-    meta = hf.REQUEST_META.pack(route, 1_700_000_000 * 10**9, 10**9, 0)
-    joiner.handle([hf.KIND_REQUEST + k + meta, request_id.encode(), json.dumps(body).encode()])
+    k = KEY.pack(key)
+    arrival = 1_700_000_000 * 10**9
+    joiner.handle(Request(k, route, arrival, 10**9, 0, request_id, json.dumps(body).encode()))
     third = len(answer) // 3 + 1
     chunks = [answer[i : i + third] for i in range(0, len(answer), third)]
-    index, data = hf.pack_chunks([10 * (i + 1) for i in range(len(chunks))], chunks)
-    head = hf.pack_head(status, 5, ctype, "")
-    joiner.handle([hf.KIND_END + k + hf.END_META.pack(end, 10**6), head, b"", index, data])
+    offsets = [10 * (i + 1) for i in range(len(chunks))]
+    joiner.handle(End(k, end, 10**6, Head(status, 5, ctype, ""), "", offsets, chunks))
+
+
+def queue(joiner: Joiner, tap: str) -> TapQueue:
+    assert isinstance(joiner.sink, TapQueues)
+    return next(q for q in joiner.sink if q.name == tap)
 
 
 def records(joiner: Joiner, tap: str) -> list[dict[str, Any]]:
-    [queue] = [t.queue for t in joiner.taps if t.config.name == tap]
-    out = [wire.decode_envelope(payload) for payload in queue.items]
+    out = [wire.decode_envelope(payload) for payload in queue(joiner, tap).items]
     assert all(check_envelope(envelope) is None for envelope in out)
     return out
 
@@ -137,8 +143,7 @@ class TestBatchRecords:
         exchange(joiner, Route.COMPLETIONS, BATCH, answer, ctype=JSON)
         assert [r["prompt_index"] for r in records(joiner, REQUESTS)] == [0]
         assert [r["prompt_index"] for r in records(joiner, JOINED)] == [0, 1]
-        [queue] = [t.queue for t in joiner.taps if t.config.name == REQUESTS]
-        assert queue.skipped["max-tokens"] == 1
+        assert queue(joiner, REQUESTS).skipped["max-tokens"] == 1
 
     def test_one_failed_choice_fails_its_prompt_only(self, models) -> None:
         body = json.loads((DATA / "batch_unary.json").read_bytes())
@@ -190,13 +195,11 @@ class TestBatchRecords:
         assert counts == [[len(encode(texts[2 * i + j])) for j in (0, 1)] for i in (0, 1)]
 
     def test_eviction_drops_every_prompt(self, models) -> None:
-        joiner = make_joiner(models)
-        joiner.max_in_flight = 0
-        k = hf.KEY.pack(9)
-        meta = hf.REQUEST_META.pack(Route.COMPLETIONS, 1, 1, 0)
-        joiner.handle([hf.KIND_REQUEST + k + meta, b"rid", json.dumps(BATCH).encode()])
-        [queue] = [t.queue for t in joiner.taps if t.config.name == JOINED]
-        assert queue.dropped["evicted"] == 2
+        joiner = make_joiner(models, max_in_flight=0)
+        joiner.handle(
+            Request(KEY.pack(9), Route.COMPLETIONS, 1, 1, 0, "rid", json.dumps(BATCH).encode())
+        )
+        assert queue(joiner, JOINED).dropped["evicted"] == 2
 
 
 def _texts_by_index(answer: bytes, stream: bool) -> dict[int, str]:

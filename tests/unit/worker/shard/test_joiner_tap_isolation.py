@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import KEY, Request
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import Route
+from shadow_proxy.worker.main.tap_queue import TapQueues
 from shadow_proxy.worker.request.tokenizer import load_model
 from shadow_proxy.worker.shard.joiner import Joiner
 
@@ -40,15 +41,14 @@ def joiner_factory(model_dirs: dict[str, Path]):
                 "taps": taps,
             }
         )
-        return Joiner(config, {"chatml": model})
+        return Joiner(config, {"chatml": model}, TapQueues(config.taps))
 
     return make
 
 
 def hand_over(joiner: Joiner, body: dict, key: int = 1) -> None:
-    meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), time.monotonic_ns(), 0)
-    frames = [hf.KIND_REQUEST + hf.KEY.pack(key) + meta, b"rid-1", json.dumps(body).encode(), b""]
-    joiner.handle(frames)
+    now = time.time_ns(), time.monotonic_ns()
+    joiner.handle(Request(KEY.pack(key), Route.CHAT, *now, 0, "rid-1", json.dumps(body).encode()))
 
 
 def nested(depth: int) -> list:
@@ -67,7 +67,7 @@ class TestIsolation:
             "bad_words_token_ids": nested(100),  # deeper than the projection walks
         }
         hand_over(joiner, body)
-        first, private, last = (t.queue for t in joiner.taps)
+        first, private, last = joiner.sink
         assert (len(first.items), len(private.items), len(last.items)) == (1, 0, 1)
         assert private.dropped["projection_error"] == 1
         assert private.next_seq == 1  # the seq is taken: a consumer sees the gap
@@ -79,7 +79,7 @@ class TestIsolation:
             b'{"model": "chatml", "messages": [{"role": "user", "content": "x"}],'
             b' "stop": ["a\\ud800"]}'
         )
-        meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), time.monotonic_ns(), 0)
-        joiner.handle([hf.KIND_REQUEST + hf.KEY.pack(2) + meta, b"rid-2", raw, b""])
-        assert all(len(t.queue.items) == 0 for t in joiner.taps)
+        now = time.time_ns(), time.monotonic_ns()
+        joiner.handle(Request(KEY.pack(2), Route.CHAT, *now, 0, "rid-2", raw))
+        assert all(len(queue.items) == 0 for queue in joiner.sink)
         assert joiner.metrics.not_mirrored.labels("invalid_json")._value.get() == 1

@@ -8,13 +8,17 @@ import time
 
 import pytest
 
-from shadow_proxy.channel import frames as hf
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Request
+from shadow_proxy.channel.stream import StreamDecoder, split_frames, stream_message
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
-from shadow_proxy.worker import messages as sw
+from shadow_proxy.worker import messages
 from shadow_proxy.worker.shard.joiner import Joiner
-from shadow_proxy.worker.shard.loop import ShardLoop, load_models
+from shadow_proxy.worker.shard.loop import ShardLoop, guarded
+from shadow_proxy.worker.shard.metrics import JoinerMetrics
+from shadow_proxy.worker.shard.models import load_models
+from shadow_proxy.worker.shard.outbox import Outbox
 
 KV, REPLAY = 0, 1
 SSE = (
@@ -49,69 +53,67 @@ class Main:
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
-        self.decoder = hf.StreamDecoder()
+        self.decoder = StreamDecoder()
 
-    def read(self) -> list[list[bytes]]:
+    def read(self) -> list[messages.ShardMessage]:
         self.sock.setblocking(False)
-        messages = []
+        got = []
         while True:
             try:
                 data = self.sock.recv(1 << 20)
             except BlockingIOError:
-                return messages
-            messages += [hf.split_frames(m) for m in self.decoder.feed(data)]
+                return got
+            got += [messages.decode(split_frames(m)) for m in self.decoder.feed(data)]
 
 
 @pytest.fixture
 def shard(model_dirs, request):
     cfg = config(model_dirs, **getattr(request, "param", {}))
     ours, theirs = socket.socketpair()
-    loop = ShardLoop(cfg, Joiner(cfg, load_models(cfg)), ours, processes=1)
+    outbox = Outbox(ours)
+    loop = ShardLoop(cfg, Joiner(cfg, load_models(cfg), outbox), outbox)
     yield loop, Main(theirs)
     ours.close()
     theirs.close()
 
 
 def q(key: int, arrival_mono_ns: int, body: bytes = BODY) -> bytes:
-    meta = hf.REQUEST_META.pack(Route.CHAT, time.time_ns(), arrival_mono_ns, 0)
-    frames = [hf.KIND_REQUEST + hf.KEY.pack(key) + meta, b"rid-%d" % key, body]
-    return b"".join(hf.stream_buffers(frames)[0])
+    request = Request(
+        KEY.pack(key), Route.CHAT, time.time_ns(), arrival_mono_ns, 0, f"rid-{key}", body
+    )
+    return stream_message(request.encode())
+
+
+HEAD = Head(200, 10, "text/event-stream", "")
 
 
 def c(key: int, chunks: list[bytes], head: bool = True) -> bytes:
-    index, data = hf.pack_chunks([1000] * len(chunks), chunks)
-    head_frame = hf.pack_head(200, 10, "text/event-stream", "") if head else b""
-    return b"".join(
-        hf.stream_buffers([hf.KIND_CHUNK + hf.KEY.pack(key), head_frame, index, data])[0]
-    )
+    message = Chunks(KEY.pack(key), HEAD if head else None, [1000] * len(chunks), chunks)
+    return stream_message(message.encode())
 
 
 def e(key: int, chunks: list[bytes] = (), head: bool = False) -> bytes:
-    index, data = hf.pack_chunks([2000] * len(chunks), list(chunks))
-    meta = hf.END_META.pack(EndKind.CLEAN, 5000)
-    head_frame = hf.pack_head(200, 10, "text/event-stream", "") if head else b""
-    frames = [hf.KIND_END + hf.KEY.pack(key) + meta, head_frame, b"", index, data]
-    return b"".join(hf.stream_buffers(frames)[0])
+    data = list(chunks)
+    message = End(
+        KEY.pack(key), EndKind.CLEAN, 5000, HEAD if head else None, "", [2000] * len(data), data
+    )
+    return stream_message(message.encode())
 
 
 def sent(loop: ShardLoop, main: Main) -> list[tuple]:
-    """What the shard told the main, readable: ("R", tap, seq_in_payload, outcome?), ..."""
-    loop.flush()
-    out = []
-    for frames in main.read():
-        kind = frames[0][:1]
-        if kind == sw.RECORD:
-            tap, _, offset, payload = sw.parse_record(frames)
-            envelope = wire.decode_envelope(payload)
-            assert payload[offset : offset + 8] == b"\xff" * 8  # the main writes the seq there
-            response = envelope.get("response")
-            out.append(("R", tap, response["outcome"] if response else None))
-        elif kind == sw.DROP:
-            tap, count, reason = sw.parse_drop(frames)
-            out.append(("D", tap, reason, count))
-        elif kind == sw.SETTLE:
-            _, waiting, done = sw.parse_settle(frames)
-            out.append(("K", list(waiting), done))
+    """What the shard told the main, readable: ("R", tap, outcome?), ("D", ...), ("K", ...)."""
+    loop.outbox.flush()
+    out: list[tuple] = []
+    for message in main.read():
+        match message:
+            case messages.Record(tap=tap, record=record):
+                envelope = wire.decode_envelope(record.with_seq(0))
+                response = envelope.get("response")
+                out.append(("R", tap, response["outcome"] if response else None))
+            case messages.Drop(tap=tap, reason=reason, count=count):
+                out.append(("D", tap, reason, count))
+            case messages.Settle(waiting=waiting, done=done):
+                out.append(("K", list(waiting), done))
     return out
 
 
@@ -154,8 +156,8 @@ class TestFailures:
 
     def test_malformed_request(self, shard):
         loop, main = shard
-        frames = [hf.KIND_REQUEST + hf.KEY.pack(4) + b"short", b"rid", BODY]
-        loop.on_message(b"".join(hf.stream_buffers(frames)[0]))
+        frames = [b"q" + KEY.pack(4) + b"short", b"rid", BODY]
+        loop.on_message(stream_message(frames))
         assert sent(loop, main) == [
             ("D", KV, "worker_error", 1), ("D", REPLAY, "worker_error", 1), ("K", [], True),
         ]  # fmt: skip
@@ -164,8 +166,8 @@ class TestFailures:
         loop, main = shard
         loop.on_message(q(5, time.monotonic_ns()))
         sent(loop, main)
-        bad = [hf.KIND_END + hf.KEY.pack(5) + hf.END_META.pack(EndKind.CLEAN, 9), b"", b"", b"x"]
-        loop.on_message(b"".join(hf.stream_buffers(bad)[0]))  # no chunk frame: IndexError
+        bad = End(KEY.pack(5), EndKind.CLEAN, 9).encode()[:4]
+        loop.on_message(stream_message(bad))  # no chunk frame: it does not decode
         assert sent(loop, main) == [("D", REPLAY, "worker_error", 1), ("K", [], True)]
 
 
@@ -177,7 +179,7 @@ class TestCpuBudget:
         loop, main = shard
         loop.on_message(q(6, time.monotonic_ns()))
         sent(loop, main)
-        loop.open[hf.KEY.pack(6)] = 0.01  # as if its messages had cost 10 ms
+        loop.open[KEY.pack(6)] = 0.01  # as if its messages had cost 10 ms
         loop.on_message(c(6, [SSE]))
         loop.on_message(e(6))
         assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", [], True)]
@@ -189,7 +191,28 @@ class TestCpuBudget:
         loop, main = shard
         loop.on_message(q(7, time.monotonic_ns()))
         sent(loop, main)
-        loop.open[hf.KEY.pack(7)] = 0.01
+        loop.open[KEY.pack(7)] = 0.01
         loop.on_message(e(7, [SSE], head=True))
         assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", [], True)]
         assert loop.budget_exceeded.labels("cpu")._value.get() == 1
+
+
+class TestGuard:
+    """A failure is counted by exception type and logged without its message."""
+
+    def test_malformed_message_costs_it_alone(self, caplog) -> None:
+        metrics = JoinerMetrics()
+        secret = "sk-secret-in-a-body"
+
+        def fail() -> None:
+            raise ValueError(f"unpack requires a buffer: {secret}")
+
+        assert guarded(metrics, fail) is False
+        failures = metrics.registry.get_sample_value(
+            "shadow_worker_failures_total", {"exception": "ValueError"}
+        )
+        assert failures == 1
+        assert "hand-off message dropped: ValueError at" in caplog.text
+        assert "sk-secret" not in caplog.text
+        assert "unpack requires" not in caplog.text, "the exception's message is logged"
+        assert guarded(metrics, lambda: None) is True

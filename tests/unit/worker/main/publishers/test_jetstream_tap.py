@@ -14,14 +14,13 @@ import pytest
 from nats.aio.msg import Msg
 
 from shadow_proxy.config import Config
-from shadow_proxy.records.wire import Heartbeat, encode_envelope
+from shadow_proxy.records.wire import Heartbeat
 from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
 from shadow_proxy.worker.main.publishers.jetstream_tap import (
     ACK_TIMEOUT_S,
     RETRY_MAX_S,
     JetStreamPublisher,
     ack_timeout,
-    envelope_seq,
 )
 from shadow_proxy.worker.main.tap_queue import TapQueue
 from tests.support.jetstream import synthetic_payload
@@ -55,7 +54,7 @@ def tap() -> Iterator[JetStreamPublisher]:
 def offer(publisher: JetStreamPublisher, count: int) -> None:
     for _ in range(count):
         seq = publisher.queue.take_seq()
-        publisher.queue.offer(synthetic_payload("t", seq))
+        publisher.queue.offer(synthetic_payload("t", seq), seq=seq)
 
 
 def reply(data: object, headers: dict[str, str] | None = None) -> Msg:
@@ -64,22 +63,10 @@ def reply(data: object, headers: dict[str, str] | None = None) -> Msg:
 
 
 class TestPure:
-    """The resend schedule and the seq read from an envelope's first keys."""
+    """The resend schedule."""
 
     def test_ack_timeout_doubles_up_to_the_cap(self) -> None:
         assert [ack_timeout(a) for a in (1, 2, 3, 4)] == [ACK_TIMEOUT_S, 4.0, 8.0, RETRY_MAX_S]
-
-    def test_envelope_seq(self) -> None:
-        assert envelope_seq(synthetic_payload("t", 42)) == 42
-        late = encode_envelope({"a": "x" * 300, "b": 1, "seq": 7})  # past the first 128 bytes
-        assert envelope_seq(late) == 7
-
-    @pytest.mark.parametrize(
-        "payload", [encode_envelope({"seq": "1"}), encode_envelope({"tap": "t"}), b"\xc1", b""]
-    )
-    def test_not_an_envelope_with_a_seq(self, payload: bytes) -> None:
-        with pytest.raises(ValueError, match="integer 'seq'"):
-            envelope_seq(payload)
 
 
 class TestWindow:
@@ -105,13 +92,14 @@ class TestWindow:
         assert (tap.queue.published, tap.in_flight) == (1, 3)
         assert tap.pump() is False and tap.in_flight == 4
 
-    def test_a_payload_without_seq_is_an_error_not_a_hole(self, tap: JetStreamPublisher) -> None:
-        tap.queue.take_seq()
-        tap.queue.offer(b"\xc1")
+    def test_the_seq_travels_with_the_record(self, tap: JetStreamPublisher) -> None:
+        """The window is keyed by the seq the main took (never read back from the
+        payload): a record's acknowledgement settles that record."""
+        for seq in (5, 9):
+            tap.queue.offer(synthetic_payload("t", 0), seq=seq)
         tap.pump()
         tap.take_handover(time.monotonic())
-        assert (tap.queue.publish_errors, tap.in_flight, tap.window) == (1, 0, {})
-        assert tap.next_transport_sequence == 1  # its transport sequence was taken
+        assert sorted(tap.window) == [5, 9]
 
 
 class TestAcknowledgements:
