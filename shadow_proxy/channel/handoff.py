@@ -18,7 +18,9 @@ Cheap to send: a request is two messages (``Request``, ``End``) of a few
 ``struct``-packed frames; the bytes the client sent and the response's chunks
 are referenced, never copied, until the one ``writev`` of the loop iteration.
 No JSON and no MessagePack on the serving loop: only ``Hello``, sent once per
-connection, is MessagePack.
+connection, is MessagePack. The messages the serving loop makes per request are
+``attrs.define`` classes, not frozen ones (a frozen class's ``__init__`` costs
+three times as much); nothing changes them after they are made.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class Kind(bytes, enum.Enum):
     LAST = b"z"
 
 
+#: The kinds' bytes (an enum member's ``.value`` is a lookup the serving loop skips).
+_HELLO, _REQUEST_KIND, _CHUNKS, _END_KIND, _LAST = (k.value for k in Kind)
 KEY = struct.Struct(">Q")
 #: Kind and key: the start of every message's first frame.
 HEADER = 1 + KEY.size
@@ -75,7 +79,7 @@ class Hello:
     def encode(self) -> list[bytes]:
         states = [attrs.astuple(t, recurse=False) for t in self.tombstones]
         body = msgpack.packb([self.generation, self.lost_base, states])
-        return [Kind.HELLO.value + NO_KEY, body]
+        return [_HELLO + NO_KEY, body]
 
     @classmethod
     def decode(cls, frames: list[bytes]) -> Hello:
@@ -83,7 +87,7 @@ class Hello:
         return cls(generation, lost_base, tuple(cp.TapState(*s) for s in states))
 
 
-@attrs.frozen
+@attrs.define
 class Request:
     """A request whose body has been read: what the worker rebuilds it from."""
 
@@ -109,7 +113,7 @@ class Request:
             self.route, self.arrival_unix_ns, self.arrival_mono_ns, self.lost_before
         )
         return [
-            Kind.REQUEST.value + self.key + meta,
+            _REQUEST_KIND + self.key + meta,
             self.request_id.encode(),
             self.body,
             self.engine_headers,
@@ -146,7 +150,7 @@ class Request:
         return mono_ns, lost_before, frame_at(message, _HEADERS_FRAME)
 
 
-@attrs.frozen
+@attrs.define
 class Head:
     """The response's start: its status, when its headers arrived, two header values."""
 
@@ -185,7 +189,7 @@ def _unpack_chunks(index: bytes, joined: bytes) -> tuple[list[int], list[bytes]]
     return list(values[:n]), data
 
 
-@attrs.frozen
+@attrs.define
 class Chunks:
     """Body chunks as the client was sent them, each with its monotonic offset
     from arrival; the response's ``head`` in the first message after it started."""
@@ -198,7 +202,7 @@ class Chunks:
     def encode(self) -> list[bytes]:
         index, joined = _pack_chunks(self.offsets, self.data)
         head = self.head.encode() if self.head is not None else b""
-        return [Kind.CHUNKS.value + self.key, head, index, joined]
+        return [_CHUNKS + self.key, head, index, joined]
 
     @classmethod
     def decode(cls, frames: list[bytes]) -> Chunks:
@@ -206,7 +210,7 @@ class Chunks:
         return cls(frames[0][1:HEADER], Head.decode(frames[1]), offsets, data)
 
 
-@attrs.frozen
+@attrs.define
 class End:
     """The exchange is over: how it ended (``EndKind``), when, and the chunks not
     sent yet (without joined taps: the last two, where ``usage`` is)."""
@@ -230,7 +234,7 @@ class End:
         index, joined = _pack_chunks(self.offsets, self.data)
         head = self.head.encode() if self.head is not None else b""
         meta = _END.pack(self.end, self.offset_ns)
-        return [Kind.END.value + self.key + meta, head, self.detail.encode(), index, joined]
+        return [_END_KIND + self.key + meta, head, self.detail.encode(), index, joined]
 
     @classmethod
     def decode(cls, frames: list[bytes]) -> End:
@@ -253,7 +257,7 @@ class Last:
     """Nothing follows on this pipe: the worker has read everything."""
 
     def encode(self) -> list[bytes]:
-        return [Kind.LAST.value + NO_KEY]
+        return [_LAST + NO_KEY]
 
     @classmethod
     def decode(cls, frames: list[bytes]) -> Last:
