@@ -1,32 +1,33 @@
 """The JetStream transport's configuration (SPEC section 9): the top-level ``nats``
-section and the per-tap ``transport`` and ``subject`` keys.
+section; the per-tap ``transport`` and ``subject`` keys are ``TapConfig``'s.
 
-Read by ``schema.py`` through the same strict ``Reader`` as every section: an
-error names the file, line, key, expectation and value. ``nats`` is required
-when a tap uses ``transport: nats``; ``subject`` is only allowed on such a tap
-and ``endpoint`` only on a ZeroMQ one; subjects are literal NATS subjects,
-unique, and none is another tap's heartbeat subject (``{subject}.heartbeat``).
+Each key is defined once, as a ``NatsConfig`` field (``keys.key``), and read by the
+same strict ``Reader`` as every section: an error names the file, line, key,
+expectation and value. ``nats`` is required when a tap uses ``transport: nats``;
+subjects are unique, and none is another tap's heartbeat subject
+(``{subject}.heartbeat``). A key added here (``nats.auth``, ``nats.tls``: a nested
+value class) is read, documented and shown in the example from its field alone.
 """
 
 from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Mapping
-from urllib.parse import urlsplit
+from collections.abc import Mapping, Sequence
 
 import attrs
 
 from shadow_proxy.config import reader as checks
+from shadow_proxy.config.choices import Transport
+from shadow_proxy.config.keys import key
 from shadow_proxy.config.reader import Reader
-from shadow_proxy.config.values import MIB, TapConfig, Transport
+from shadow_proxy.config.values import MIB, TapConfig
 
 GIB = 1024 * MIB
-NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 #: JetStream allows at most five replicas of a stream.
 MAX_REPLICAS = 5
-_SUBJECT_RE = re.compile(r"^[^\s.*>]+(\.[^\s.*>]+)*$")
 _STREAM_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_SERVERS = "is required: a list of at least one NATS server URL"
 
 
 class Discard(enum.StrEnum):
@@ -38,36 +39,55 @@ class Discard(enum.StrEnum):
     NEW = "new"
 
 
+def servers_check(value: Sequence[object]) -> str | None:
+    if not value:
+        return _SERVERS
+    for server in value:
+        problem = checks.nats_url(server) if isinstance(server, str) else "must list URLs"
+        if problem:
+            return problem
+    return None
+
+
+def stream_name(value: str) -> str | None:
+    return None if _STREAM_RE.match(value) else "must match [A-Za-z0-9_-]+"
+
+
+def replicas(value: int) -> str | None:
+    return None if 1 <= value <= MAX_REPLICAS else f"must be between 1 and {MAX_REPLICAS}"
+
+
 @attrs.frozen
 class NatsConfig:
     """Where ``nats`` taps publish: the servers and the stream they keep."""
 
-    servers: tuple[str, ...]
-    stream: str = "SHADOW"
-    replicas: int = 1
-    max_bytes: int = 8 * GIB
-    max_age_s: float = 7 * 86400.0
-    #: ``old``: a full stream drops its oldest messages; ``new``: refuses new ones.
-    discard: Discard = attrs.field(default=Discard.OLD, converter=Discard)
-
-
-def parse_tap_transport(
-    reader: Reader, item: Mapping, prefix: str, topic: str
-) -> tuple[Transport, str | None]:
-    """A tap's ``transport`` and ``subject`` (``subject`` only for ``nats``)."""
-    transport = Transport(
-        reader.get(item, "transport", prefix, str, "zmq", checks.choice(*Transport))
+    servers: tuple[str, ...] = key(
+        "The NATS servers' URLs (nats://, tls://, ws://, wss://).",
+        check=servers_check,
+        required=_SERVERS,
+        expected=_SERVERS,
+        example=("nats://127.0.0.1:4222",),
     )
-    if transport is Transport.ZMQ:
-        if "subject" in item:
-            expected = "is only allowed with transport: nats (transport is 'zmq')"
-            reader.fail(item, f"{prefix}subject", expected, item["subject"])
-        return transport, None
-    if "endpoint" in item:
-        expected = "is only allowed with transport: zmq (transport is 'nats')"
-        reader.fail(item, f"{prefix}endpoint", expected, item["endpoint"])
-    subject = reader.get(item, "subject", prefix, str, f"shadow.{topic}", nats_subject)
-    return transport, subject
+    stream: str = key(
+        "The stream (subjects shadow.>), created at start-up if it does not exist.",
+        "SHADOW",
+        check=stream_name,
+    )
+    replicas: int = key("The stream's replicas (JetStream: at most 5).", 1, check=replicas)
+    max_bytes: int = key(
+        "The stream's size bound (its discard policy applies past it).",
+        8 * GIB,
+        check=checks.at_least_1,
+    )
+    max_age_s: float = key(
+        "How long the stream keeps a record.", 7 * 86400.0, check=checks.positive
+    )
+    #: ``old``: a full stream drops its oldest messages; ``new``: refuses new ones.
+    discard: Discard = key(
+        "old: a full stream drops its oldest messages; new: it refuses new ones.",
+        Discard.OLD,
+        converter=Discard,
+    )
 
 
 def parse_nats_section(
@@ -80,25 +100,8 @@ def parse_nats_section(
             expected = f"is required when a tap uses transport: nats (tap '{users[0].name}')"
             reader.fail(root, "nats", expected)
         return None
-    keys = {"servers", "stream", "replicas", "max_bytes", "max_age_s", "discard"}
-    s = reader.section(root, "nats", "", keys)
-    p = "nats."
-    servers = s.get("servers")
-    if not isinstance(servers, list) or not servers:
-        expected = "is required: a list of at least one NATS server URL"
-        reader.fail(s, f"{p}servers", expected, *(() if servers is None else (servers,)))
-    for server in servers:
-        problem = nats_url(server) if isinstance(server, str) else "must list URLs"
-        if problem:
-            reader.fail(s, f"{p}servers", problem, server)
-    config = NatsConfig(
-        servers=tuple(servers),
-        stream=reader.get(s, "stream", p, str, "SHADOW", stream_name),
-        replicas=reader.get(s, "replicas", p, int, 1, replicas),
-        max_bytes=reader.get(s, "max_bytes", p, int, 8 * GIB, checks.at_least_1),
-        max_age_s=reader.get(s, "max_age_s", p, float, 7 * 86400.0, checks.positive),
-        discard=Discard(reader.get(s, "discard", p, str, "old", checks.choice(*Discard))),
-    )
+    section = reader.section(root, "nats", "", {f.name for f in attrs.fields(NatsConfig)})
+    config = reader.read(NatsConfig, section, "nats.")
     items = root.get("taps") or []
     seen: dict[str, str] = {}
     for tap, item in zip(taps, items, strict=True):
@@ -114,27 +117,3 @@ def parse_nats_section(
                 reader.fail(item, name, expected, tap.subject)
         seen[tap.subject] = tap.name
     return config
-
-
-# -- checks: None when the value is fine, else what is expected ---------------------
-
-
-def nats_subject(value: str) -> str | None:
-    if _SUBJECT_RE.match(value):
-        return None
-    return "must be a NATS subject: dot-separated tokens, no spaces and no wildcards (* or >)"
-
-
-def nats_url(value: str) -> str | None:
-    parts = urlsplit(value)
-    if parts.scheme not in NATS_SCHEMES or not parts.hostname:
-        return "must be a NATS server URL such as nats://host:4222"
-    return None
-
-
-def stream_name(value: str) -> str | None:
-    return None if _STREAM_RE.match(value) else "must match [A-Za-z0-9_-]+"
-
-
-def replicas(value: int) -> str | None:
-    return None if 1 <= value <= MAX_REPLICAS else f"must be between 1 and {MAX_REPLICAS}"

@@ -1,7 +1,9 @@
 """Reading a YAML configuration strictly: line numbers, typed values, checks.
 
-The generic part of the configuration (``schema.py`` says what the file may
-hold). Every error is a ``ConfigError`` (a ``ValueError``) whose text names the
+The generic part of the configuration: ``Reader.read`` builds a value class from
+a mapping by its keys (``keys.py``: the fields' types, defaults, checks and
+rules); ``schema.py`` adds what spans keys (lists of models and taps, names
+unique across them). Every error is a ``ConfigError`` (a ``ValueError``) whose text names the
 file, the line where YAML knows it, the key, what was expected and what was
 given: ``proxy.yaml:7: 'taps[replay].capacity' must be at least 1 (got 0)``.
 """
@@ -14,9 +16,21 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import attrs
 import yaml
 
+from shadow_proxy.config.keys import (
+    is_choice,
+    is_section,
+    keys,
+    meta,
+    optional,
+    yaml_kinds,
+)
+
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+_SUBJECT_RE = re.compile(r"^[^\s.*>]+(\.[^\s.*>]+)*$")
 
 
 class ConfigError(ValueError):
@@ -172,6 +186,82 @@ class Reader:
                 self.fail(mapping, name, problem, value)
         return value
 
+    def read(
+        self, cls: type, mapping: Mapping, prefix: str, context: Any = None, **given: Any
+    ) -> Any:
+        """An instance of value class ``cls`` from ``mapping``: every key of ``cls``
+        (``keys.py``) read with its type, default, check and rules; unknown keys
+        are errors. ``given``: fields the caller reads itself (lists of sections).
+        Keys with a derived default or a rule are read after the others."""
+        fields = keys(cls)
+        self.known(mapping, prefix, {f.name for f in fields})
+        values: dict[str, Any] = dict(given)
+        later = [f for f in fields if meta(f).derive is not None or meta(f).allowed is not None]
+        for field in [f for f in fields if f not in later] + later:
+            if field.name not in given:
+                values[field.name] = self._read_key(field, mapping, prefix, values, context)
+        return cls(**values)
+
+    def _read_key(
+        self,
+        field: attrs.Attribute,
+        mapping: Mapping,
+        prefix: str,
+        values: dict[str, Any],
+        context: Any,
+    ) -> Any:
+        key, name, rules = field.name, f"{prefix}{field.name}", meta(field)
+        present = mapping.get(key, MISSING) is not MISSING
+        if present and rules.allowed is not None:
+            problem = rules.allowed(values)
+            if problem:
+                self.fail(mapping, name, problem, mapping[key])
+        if rules.derive is not None:
+            default = rules.derive(values, context)
+        elif isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
+            default = field.default.factory()  # type: ignore[union-attr]
+        elif field.default is attrs.NOTHING:
+            default = MISSING
+        else:
+            default = field.default
+        inner, _ = optional(field.type)
+        raw = mapping.get(key, MISSING)
+        if rules.required and (raw is MISSING or raw is None):
+            self.fail(mapping, name, rules.required)
+        if is_section(inner) and rules.yaml is None:
+            if raw is MISSING or raw is None:
+                self.note(mapping, key, name)
+                return default
+            section = self.section(mapping, key, prefix, {f.name for f in keys(inner)})
+            return self.read(inner, section, f"{name}.", context)
+        kinds = yaml_kinds(field.type, rules.yaml)
+        if raw is not MISSING and rules.expected and not _is_kind(raw, kinds):
+            self.fail(mapping, name, rules.expected, raw)
+        check = rules.check
+        if check is None and is_choice(inner):
+            check = choice(*inner)
+        value = self.get(mapping, key, prefix, kinds, default, check)
+        if is_choice(inner) and isinstance(value, str):
+            value = inner(value)
+        elif value is None and list in kinds:
+            value = default
+        elif isinstance(value, list):
+            value = tuple(value)
+        if rules.parse is not None:
+            try:
+                value = rules.parse(value, context)
+            except ConfigError:
+                raise
+            except ValueError as e:  # the value's own check (filters, say)
+                self.fail(mapping, name, str(e))
+        return value
+
+
+def _is_kind(value: Any, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds) or (float in kinds and isinstance(value, int))
+
 
 # -- checks: None when the value is fine, else what is expected ---------------------
 
@@ -223,6 +313,19 @@ def zmq_endpoint(value: str) -> str | None:
     if re.match(r"^(tcp://[^\s/]+:\d+|ipc://\S+|inproc://\S+)$", value):
         return None
     return "must be a ZeroMQ endpoint such as tcp://0.0.0.0:5557 or ipc:///path"
+
+
+def nats_subject(value: str) -> str | None:
+    if _SUBJECT_RE.match(value):
+        return None
+    return "must be a NATS subject: dot-separated tokens, no spaces and no wildcards (* or >)"
+
+
+def nats_url(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in NATS_SCHEMES or not parts.hostname:
+        return "must be a NATS server URL such as nats://host:4222"
+    return None
 
 
 def choice(*choices: str) -> Callable[[str], str | None]:

@@ -1,8 +1,12 @@
-"""What a configuration file may hold, and the ``Config`` built from it.
+"""The ``Config`` a file is read into, and what spans its keys.
 
 ``Config.from_yaml`` reads and validates a file: unknown keys are errors (a
 typo must not silently mirror more than intended), every value is typed and
 checked, and every error names the file, line, key, expectation and value.
+Each key is defined once, as a field of its value class (``values.py``,
+``nats.py``; ``keys.py`` says how); this module reads the lists (models, taps)
+and checks what one key cannot: names, endpoints and topics unique across taps,
+a tap's models configured, a topic no prefix of another ZeroMQ tap's.
 """
 
 from __future__ import annotations
@@ -16,41 +20,53 @@ import attrs
 import yaml
 
 from shadow_proxy.config import reader as checks
-from shadow_proxy.config.nats import NatsConfig, parse_nats_section, parse_tap_transport
+from shadow_proxy.config.keys import key, keys
+from shadow_proxy.config.nats import NatsConfig, parse_nats_section
 from shadow_proxy.config.reader import MISSING, ConfigError, Reader, load_yaml, plain
 from shadow_proxy.config.values import (
-    MIB,
-    TEMPLATE_ENGINES,
-    Capture,
-    CurveKeys,
     Listen,
     ModelEntry,
-    Priority,
     Publish,
-    ResponseOptions,
-    SampleBy,
     TapConfig,
-    TemplateEngine,
     Transport,
     Upstream,
     WorkerOptions,
 )
-from shadow_proxy.records.filters import FilterSet
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Config:
-    path: str
-    upstream: Upstream
-    listen: Listen = attrs.field(factory=Listen)
-    request_id_header: str = "x-request-id"
-    shutdown_grace_s: float = 30.0
-    models: tuple[ModelEntry, ...] = ()
-    publish: Publish = attrs.field(factory=Publish)
-    taps: tuple[TapConfig, ...] = ()
-    worker: WorkerOptions = attrs.field(factory=WorkerOptions)
+    path: str = attrs.field()
+    #: The file format's version (SPEC 2: 1; checked by the reader before the rest).
+    schema_version: int = key("The file format's version: 1.", 1)
+    listen: Listen = key("Where clients connect.", factory=Listen)
+    upstream: Upstream = key(
+        "The frontend the proxy stands in front of.",
+        required="is required (a mapping with at least 'url')",
+    )
+    request_id_header: str = key(
+        "Taken from the client when present, else generated and sent upstream, so that the "
+        "frontend's logs and the records join on one id.",
+        "x-request-id",
+        check=checks.header_name,
+        parse=lambda value, _: value.lower(),
+    )
+    shutdown_grace_s: float = key(
+        "At SIGTERM, in-flight streams get this long to finish.", 30.0, check=checks.non_negative
+    )
+    models: tuple[ModelEntry, ...] = key(
+        "Served model name -> its tokenizer (loaded once at start-up).", ()
+    )
+    publish: Publish = key("Where the ZeroMQ taps bind by default.", factory=Publish)
+    taps: tuple[TapConfig, ...] = key(
+        "Each tap: what it records, where, through which filters.", ()
+    )
+    worker: WorkerOptions = key("The tap worker's bounds and budgets.", factory=WorkerOptions)
     #: The JetStream connection and stream; set when the file has a ``nats`` section.
-    nats: NatsConfig | None = None
+    nats: NatsConfig | None = key(
+        "The JetStream connection and stream (required when a tap uses transport: nats).",
+        None,
+    )
     #: The line of each key read (``listen.port``, ``models[0].tokenizer``,
     #: ``taps[a].endpoint``): for errors found after reading (``where``).
     lines: Mapping[str, int] = attrs.field(factory=dict, eq=False, repr=False)
@@ -96,8 +112,30 @@ class Config:
         return cls.from_text(yaml.safe_dump(plain(mapping)), path)
 
 
+@attrs.define
+class _Context:
+    """What a key's parse and derived default may read (``values.Context``)."""
+
+    reader: _SchemaReader
+    publish: Publish = attrs.field(factory=Publish)
+    index: int = 0
+
+    def local_path(self, value: str) -> Path:
+        return self.reader.local_path(value)
+
+    def tokenizer(self, value: str) -> str:
+        """A local directory, relative to the file's directory, or a hub id
+        (``name`` or ``org/name``, looked up in the local cache by the worker).
+        A value shaped like a path (``./``, ``../``, ``/``, ``~``, or more than
+        one ``/``) is always a path. The worker reports a missing directory,
+        with this key's line (``Config.where``)."""
+        path = self.local_path(value)
+        hub_id = not value.startswith((".", "/", "~")) and value.count("/") <= 1
+        return value if hub_id and not path.exists() else str(path)
+
+
 class _SchemaReader(Reader):
-    """Each method validates one section of the file."""
+    """Reads the sections by their keys, and the lists item by item."""
 
     def __init__(self, path: str, base_dir: Path | None):
         super().__init__(path)
@@ -115,161 +153,54 @@ class _SchemaReader(Reader):
         if not isinstance(root, Mapping):
             msg = f"{self.path}: the configuration must be a YAML mapping"
             raise ConfigError(msg)
-        self.known(
-            root,
-            "",
-            {
-                "schema_version",
-                "listen",
-                "upstream",
-                "request_id_header",
-                "shutdown_grace_s",
-                "models",
-                "publish",
-                "taps",
-                "worker",
-                "nats",
-            },
-        )
+        self.known(root, "", {f.name for f in keys(Config)})
         version = root.get("schema_version", MISSING)
         if version is MISSING:
             self.fail(root, "schema_version", "is required and must be 1")
         if version != 1 or isinstance(version, bool):
             self.fail(root, "schema_version", "must be 1", version)
-        publish = self.publish(root)
-        models = self.models(root)
-        taps = self.taps(root, publish, models)
-        return Config(
+        self.note(root, "schema_version", "schema_version")
+        context = _Context(self)
+        publish = self.read_section(Publish, root, "publish", context)
+        context.publish = publish
+        models = self.models(root, context)
+        taps = self.taps(root, context, models)
+        config = self.read(
+            Config,
+            root,
+            "",
+            context,
             path=self.path,
-            listen=self.listen(root),
-            upstream=self.upstream(root),
-            request_id_header=self.get(
-                root, "request_id_header", "", str, "x-request-id", checks.header_name
-            ).lower(),
-            shutdown_grace_s=self.get(
-                root, "shutdown_grace_s", "", float, 30.0, checks.non_negative
-            ),
-            models=models,
+            schema_version=1,
             publish=publish,
+            models=models,
             taps=taps,
-            worker=self.worker(root),
-            nats=parse_nats_section(self, root, taps),
+            nats=None,
             lines=self.lines,
         )
+        return attrs.evolve(config, nats=parse_nats_section(self, root, taps))
 
-    def listen(self, root: Mapping) -> Listen:
-        s = self.section(root, "listen", "", {"host", "port", "body_timeout_s", "max_connections"})
-        p = "listen."
-        return Listen(
-            host=self.get(s, "host", p, str, "0.0.0.0"),
-            port=self.get(s, "port", p, int, 8080, checks.port),
-            body_timeout_s=self.get(s, "body_timeout_s", p, float, 60.0, checks.positive),
-            max_connections=self.get(s, "max_connections", p, int, 8192, checks.at_least_1),
-        )
+    def read_section(self, cls: type, root: Mapping, name: str, context: _Context) -> Any:
+        section = self.section(root, name, "", {f.name for f in keys(cls)})
+        return self.read(cls, section, f"{name}.", context)
 
-    def upstream(self, root: Mapping) -> Upstream:
-        if root.get("upstream") is None:
-            self.fail(root, "upstream", "is required (a mapping with at least 'url')")
-        keys = {
-            "url",
-            "connect_timeout_s",
-            "read_timeout_s",
-            "max_connections",
-            "max_request_bytes",
-            "quick_ack",
-        }
-        s = self.section(root, "upstream", "", keys)
-        p = "upstream."
-        return Upstream(
-            url=self.get(s, "url", p, str, check=checks.http_url).rstrip("/"),
-            connect_timeout_s=self.get(s, "connect_timeout_s", p, float, 5.0, checks.positive),
-            read_timeout_s=self.get(
-                s, "read_timeout_s", p, (float, type(None)), None, checks.positive
-            ),
-            max_connections=self.get(s, "max_connections", p, int, 1024, checks.at_least_1),
-            max_request_bytes=self.get(s, "max_request_bytes", p, int, 64 * MIB, checks.at_least_1),
-            quick_ack=self.get(s, "quick_ack", p, bool, True),
-        )
-
-    def models(self, root: Mapping) -> tuple[ModelEntry, ...]:
+    def models(self, root: Mapping, context: _Context) -> tuple[ModelEntry, ...]:
         items = self.get(root, "models", "", (list, type(None)), None) or []
         seen: set[str] = set()
         out = []
         for i, item in enumerate(items):
-            p = f"models[{i}]."
             if not isinstance(item, Mapping):
-                self.fail(
-                    root, f"models[{i}]", "must be a mapping with 'name' and 'tokenizer'", item
-                )
-            self.known(item, p, {"name", "tokenizer", "context_length", "template_engine"})
-            name = self.get(item, "name", p, str, check=checks.non_empty)
-            if name in seen:
-                self.fail(item, f"{p}name", "must be unique across models", name)
-            seen.add(name)
-            out.append(
-                ModelEntry(
-                    name=name,
-                    tokenizer=self.tokenizer(item, p),
-                    context_length=self.get(
-                        item, "context_length", p, (int, type(None)), None, checks.at_least_1
-                    ),
-                    template_engine=TemplateEngine(
-                        self.get(item, "template_engine", p, str, "minijinja", _template_engine)
-                    ),
-                )
-            )
+                expected = "must be a mapping with 'name' and 'tokenizer'"
+                self.fail(root, f"models[{i}]", expected, item)
+            model = self.read(ModelEntry, item, f"models[{i}].", context)
+            if model.name in seen:
+                self.fail(item, f"models[{i}].name", "must be unique across models", model.name)
+            seen.add(model.name)
+            out.append(model)
         return tuple(out)
 
-    def tokenizer(self, item: Mapping, prefix: str) -> str:
-        """A local directory, relative to the file's directory, or a hub id
-        (``name`` or ``org/name``, looked up in the local cache by the worker).
-        A value shaped like a path (``./``, ``../``, ``/``, ``~``, or more than
-        one ``/``) is always a path. The worker reports a missing directory,
-        with this key's line (``Config.where``)."""
-        value = self.get(item, "tokenizer", prefix, str, check=checks.non_empty)
-        path = self.local_path(value)
-        hub_id = not value.startswith((".", "/", "~")) and value.count("/") <= 1
-        return value if hub_id and not path.exists() else str(path)
-
-    def publish(self, root: Mapping) -> Publish:
-        s = self.section(root, "publish", "", {"host", "base_port"})
-        return Publish(
-            host=self.get(s, "host", "publish.", str, "127.0.0.1"),
-            base_port=self.get(s, "base_port", "publish.", int, 5557, checks.port),
-        )
-
-    def worker(self, root: Mapping) -> WorkerOptions:
-        keys = {
-            "handoff_capacity", "handoff_max_bytes", "max_in_flight", "processes", "priority",
-            "nice", "max_lag_s", "tokenizer_cache_bytes", "max_rss_mb", "max_prompt_bytes",
-            "max_decoded_bytes", "max_request_cpu_s",
-        }  # fmt: skip
-        s = self.section(root, "worker", "", keys)
-        p = "worker."
-        optional_int = (int, type(None))
-        return WorkerOptions(
-            handoff_capacity=self.get(s, "handoff_capacity", p, int, 65536, checks.at_least_1),
-            handoff_max_bytes=self.get(
-                s, "handoff_max_bytes", p, int, 256 * MIB, checks.at_least_1
-            ),
-            max_in_flight=self.get(s, "max_in_flight", p, int, 4096, checks.at_least_1),
-            processes=self.get(s, "processes", p, optional_int, None, checks.at_least_1),
-            priority=Priority(self.get(s, "priority", p, str, "idle", checks.choice(*Priority))),
-            nice=self.get(s, "nice", p, int, 19, checks.niceness),
-            max_lag_s=self.get(s, "max_lag_s", p, (float, type(None)), 30.0, checks.positive),
-            tokenizer_cache_bytes=self.get(
-                s, "tokenizer_cache_bytes", p, int, 64 * MIB, checks.non_negative
-            ),
-            max_rss_mb=self.get(s, "max_rss_mb", p, optional_int, 1024, checks.at_least_1),
-            max_prompt_bytes=self.get(
-                s, "max_prompt_bytes", p, optional_int, None, checks.at_least_1
-            ),
-            max_decoded_bytes=self.get(s, "max_decoded_bytes", p, int, 64 * MIB, checks.at_least_1),
-            max_request_cpu_s=self.get(s, "max_request_cpu_s", p, float, 5.0, checks.positive),
-        )
-
     def taps(
-        self, root: Mapping, publish: Publish, models: tuple[ModelEntry, ...]
+        self, root: Mapping, context: _Context, models: tuple[ModelEntry, ...]
     ) -> tuple[TapConfig, ...]:
         items = self.get(root, "taps", "", (list, type(None)), None) or []
         taps: list[TapConfig] = []
@@ -277,7 +208,7 @@ class _SchemaReader(Reader):
         for index, item in enumerate(items):
             if not isinstance(item, Mapping):
                 self.fail(root, f"taps[{index}]", "must be a mapping", item)
-            taps.append(self.tap(item, index, publish, model_names))
+            taps.append(self.tap(item, index, context, model_names))
         names: dict[str, int] = {}
         endpoints: dict[str, str] = {}
         for tap, item in zip(taps, items, strict=True):
@@ -307,126 +238,21 @@ class _SchemaReader(Reader):
         return tuple(taps)
 
     def tap(
-        self, item: Mapping, index: int, publish: Publish, model_names: tuple[str, ...]
+        self, item: Mapping, index: int, context: _Context, model_names: tuple[str, ...]
     ) -> TapConfig:
-        keys = {
-            "name",
-            "topic",
-            "capture",
-            "emit",
-            "filters",
-            "models",
-            "sample",
-            "sample_by",
-            "response",
-            "capacity",
-            "endpoint",
-            "transport",
-            "subject",
-            "curve",
-        }
         raw_name = item.get("name")
         label = raw_name if isinstance(raw_name, str) and raw_name else str(index)
-        p = f"taps[{label}]."
-        self.known(item, p, keys)
+        prefix = f"taps[{label}]."
         if getattr(item, "line", 0):
-            self.lines[f"taps[{label}]"] = item.line
-        name = self.get(item, "name", p, str, check=checks.name)
-        topic = self.get(item, "topic", p, str, f"shadow-requests-{name}", checks.name)
-        capture = Capture(self.get(item, "capture", p, str, check=checks.choice(*Capture)))
-        joined = capture is Capture.REQUEST_RESPONSE
-        if "emit" in item:
-            if not joined:
-                self.fail(
-                    item,
-                    f"{p}emit",
-                    f"is only allowed with capture: request_response (capture is '{capture}')",
-                    item["emit"],
-                )
-            self.get(item, "emit", p, str, check=checks.choice("joined"))
-        if "response" in item and not joined:
-            self.fail(
-                item,
-                f"{p}response",
-                f"is only allowed with capture: request_response (capture is '{capture}')",
-                item["response"],
-            )
-        raw_filters = self.get(item, "filters", p, (list, type(None)), None) or []
-        for f in raw_filters:
-            if not isinstance(f, str):
-                self.fail(item, f"{p}filters", "must be a list of filter names", raw_filters)
-        try:
-            filters = FilterSet.parse(raw_filters)
-        except ValueError as e:
-            self.fail(item, f"{p}filters", str(e))
-        models = self.get(item, "models", p, (list, type(None)), None) or []
-        if not all(isinstance(m, str) and m for m in models):
-            self.fail(item, f"{p}models", "must be a list of model names", models)
-        for model in models:
+            self.lines[f"taps[{label}]"] = item.line  # type: ignore[attr-defined]
+        context.index = index
+        tap = self.read(TapConfig, item, prefix, context)
+        for model in tap.models:
             if model not in model_names:
                 configured = ", ".join(model_names) if model_names else "none"
                 expected = (
                     f"must name configured models (models: {configured}); "
                     f"'{model}' is not one, so the tap would never mirror it"
                 )
-                self.fail(item, f"{p}models", expected, models)
-        endpoint = self.get(
-            item,
-            "endpoint",
-            p,
-            str,
-            f"tcp://{publish.host}:{publish.base_port + index}",
-            checks.zmq_endpoint,
-        )
-        transport, subject = parse_tap_transport(self, item, p, topic)
-        return TapConfig(
-            name=name,
-            topic=topic,
-            capture=capture,
-            endpoint=endpoint,
-            filters=filters,
-            models=tuple(models),
-            sample=self.get(item, "sample", p, float, 1.0, checks.fraction),
-            sample_by=SampleBy(
-                self.get(item, "sample_by", p, str, "request", checks.choice(*SampleBy))
-            ),
-            response=self.response(item, p) if joined else None,
-            capacity=self.get(item, "capacity", p, int, 1024, checks.at_least_1),
-            transport=transport,
-            subject=subject,
-            curve=self.curve(item, p, transport) if item.get("curve") is not None else None,
-        )
-
-    def curve(self, item: Mapping, prefix: str, transport: Transport) -> CurveKeys:
-        if transport is not Transport.ZMQ:
-            expected = f"is only for ZeroMQ taps (transport is '{transport}')"
-            self.fail(item, f"{prefix}curve", expected)
-        s = self.section(item, "curve", prefix, {"server_secret_key", "client_keys"})
-        p = f"{prefix}curve."
-        secret = self.get(s, "server_secret_key", p, str, check=checks.non_empty)
-        clients = self.get(s, "client_keys", p, str, check=checks.non_empty)
-        # Read by the worker at start-up (a missing file fails start-up there,
-        # with this key's line): a deployment mounts them from a Secret.
-        return CurveKeys(
-            server_secret_key=str(self.local_path(secret)),
-            client_keys=str(self.local_path(clients)),
-        )
-
-    def response(self, item: Mapping, prefix: str) -> ResponseOptions:
-        s = self.section(item, "response", prefix, {"tokens", "text", "max_tokens", "chunk_timing"})
-        p = f"{prefix}response."
-        return ResponseOptions(
-            tokens=self.get(s, "tokens", p, bool, True),
-            text=self.get(s, "text", p, bool, False),
-            max_tokens=self.get(s, "max_tokens", p, (int, type(None)), None, checks.at_least_1),
-            chunk_timing=self.get(s, "chunk_timing", p, bool, False),
-        )
-
-
-# -- checks: each returns what was expected, or None ---------------------------
-
-
-def _template_engine(value: str) -> str | None:
-    if value in TEMPLATE_ENGINES:
-        return None
-    return f"must be one of {', '.join(TEMPLATE_ENGINES)} (minijinja: Dynamo; jinja2: vLLM, SGLang)"
+                self.fail(item, f"{prefix}models", expected, list(tap.models))
+        return tap

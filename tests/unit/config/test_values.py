@@ -44,7 +44,6 @@ class TestDefaults:
 
     def test_worker(self) -> None:
         worker = WorkerOptions()
-        assert worker.handoff_capacity == 65536
         assert worker.handoff_max_bytes == 256 * MIB
         assert worker.max_in_flight == 4096
         assert (worker.processes, worker.priority, worker.nice) == (None, "idle", 19)
