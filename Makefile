@@ -52,6 +52,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check shadow_proxy tests bench
 	$(VENV)/bin/ruff format --check shadow_proxy tests bench
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format shadow_proxy tests bench

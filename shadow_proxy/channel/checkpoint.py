@@ -248,7 +248,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint | None:
         checkpoint = Checkpoint.decode(best[1])
     except (ValueError, TypeError, msgpack.UnpackException):
         return None
-    taps = []
+    states = []
     for index, state in enumerate(checkpoint.taps):
         offset = 2 * slot + index * _PROGRESS_BYTES
         record = data[offset : offset + _PROGRESS_BYTES]
@@ -257,5 +257,5 @@ def read_checkpoint(path: str | Path) -> Checkpoint | None:
         ) == int.from_bytes(record[_PROGRESS.size :], "big")
         if whole and any(record[: _PROGRESS.size]):
             state = Progress(*_PROGRESS.unpack(record[: _PROGRESS.size])).apply(state)
-        taps.append(state)
-    return attrs.evolve(checkpoint, taps=tuple(taps))
+        states.append(state)
+    return attrs.evolve(checkpoint, taps=tuple(states))

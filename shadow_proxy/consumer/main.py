@@ -130,7 +130,8 @@ class _Run:
             if delivery.heartbeat is not None:
                 self.accounts.on_heartbeat(delivery.message, delivery.heartbeat, now)
             elif (
-                self.accounts.on_record(delivery.message, delivery.envelope)
+                delivery.envelope is not None
+                and self.accounts.on_record(delivery.message, delivery.envelope)
                 and self.recorder is not None
             ):
                 self.recorder.write(delivery.message)

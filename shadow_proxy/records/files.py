@@ -80,11 +80,10 @@ def decode_entry(body: bytes) -> Message | None:
     if isinstance(payload, bytes):
         publisher_id, sequence = value.get("publisher_id"), value.get("sequence")
         published_at, topic = value.get("published_at", 0), value.get("topic", "")
-        if not all(type(v) is int and v >= 0 for v in (publisher_id, sequence, published_at)):
+        numbers = (publisher_id, sequence, published_at)
+        if not all(type(v) is int and v >= 0 for v in numbers) or not isinstance(topic, str):
             return None
-        if not isinstance(topic, str):
-            return None
-        return Message(topic, publisher_id, sequence, published_at, payload)
+        return Message(topic, *numbers, payload)  # type: ignore[arg-type]
     if "schema_version" in value:  # a bare envelope (files from before publisher ids)
         return Message(str(value.get("tap", "")), 0, 0, 0, body)
     return None
@@ -173,11 +172,10 @@ class RecordFile:
 
     def write(self, message: Message) -> None:
         entry = encode_entry(message)
-        if self._file is None:
-            self._open()
+        file = self._file if self._file is not None else self._open()
         if self._size > 0 and self._size + len(entry) > self.max_bytes:
-            self._rotate()
-        self._file.write(entry)
+            file = self._rotate()
+        file.write(entry)
         self._size += len(entry)
         now = time.monotonic()
         if now - self._flushed_at >= self.flush_interval_s:
@@ -189,13 +187,15 @@ class RecordFile:
             self._file.flush()
         self._flushed_at = time.monotonic() if now is None else now
 
-    def _open(self) -> None:
-        self._file = self.path.open("ab")
-        self._size = self._file.tell()
+    def _open(self) -> IO[bytes]:
+        self._file = file = self.path.open("ab")
+        self._size = file.tell()
         self._flushed_at = time.monotonic()
+        return file
 
-    def _rotate(self) -> None:
-        self._file.close()
+    def _rotate(self) -> IO[bytes]:
+        if self._file is not None:
+            self._file.close()
         oldest = self.path.with_name(f"{self.path.name}.{self.keep}")
         oldest.unlink(missing_ok=True)
         for k in range(self.keep - 1, 0, -1):
@@ -206,8 +206,9 @@ class RecordFile:
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         else:
             self.path.unlink(missing_ok=True)
-        self._file = self.path.open("wb")
+        self._file = file = self.path.open("wb")
         self._size = 0
+        return file
 
     def close(self) -> None:
         if self._file is not None:

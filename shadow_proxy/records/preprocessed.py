@@ -31,7 +31,7 @@ class PreprocessedRequest:
     #: Dynamo's media-cache scope: the session id (from the session headers).
     image_cache_scope: str | None = None
     mdc_sum: str | None = None
-    request_timestamp_ms: int | None = None
+    request_timestamp_ms: int | float | None = None
 
     @property
     def has_multimodal(self) -> bool:

@@ -150,8 +150,11 @@ class Handoff:
     # -- the connection ----------------------------------------------------------
 
     def _connected(self, protocol: _Protocol) -> None:
+        transport = protocol.transport
+        if transport is None:
+            return
         if self._protocol is not None:  # one worker at a time
-            protocol.transport.close()
+            transport.close()
             return
         now = time.monotonic()
         if self._dead is not None:
@@ -181,12 +184,12 @@ class Handoff:
         self._dead_requests = 0
         self._requests_sent = 0
         self._protocol = protocol
-        self._transport = protocol.transport
+        self._transport = transport
         self._connected_generation = self.generation
         self._connected_at = now
         hello = Hello(self.generation, self._lost_requests, tuple(self._tombstones))
         buffers, _ = stream_buffers(hello.encode())
-        self._transport.writelines(buffers)
+        transport.writelines(buffers)
         self.worker_alive = True
 
     def _disconnected(self, protocol: _Protocol) -> None:
@@ -216,6 +219,7 @@ class Handoff:
         self._pending_bytes += size
         if not self._flush_scheduled:
             self._flush_scheduled = True
+            assert self._loop is not None  # set by start(), before any connection
             self._loop.call_soon(self._flush)
         return True
 

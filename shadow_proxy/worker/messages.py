@@ -241,7 +241,7 @@ def decode(frames: list[bytes]) -> ShardMessage:
         msg = "not a shard message"
         raise MessageError(msg)
     try:
-        return cls.decode(frames)  # type: ignore[attr-defined]
+        return cls.decode(frames)
     except (IndexError, struct.error, ValueError, TypeError, msgpack.UnpackException) as e:
         msg = f"a malformed {cls.__name__} message ({type(e).__name__})"
         raise MessageError(msg) from e

@@ -109,10 +109,13 @@ class Main:
         self.pool.route(message)
 
     def read_handoff(self) -> None:
+        handoff = self.handoff
+        if handoff is None:
+            return
         got = 0
         while got < READ_PER_TURN and not self.last_seen:
             try:
-                data = self.handoff.recv(1 << 20)
+                data = handoff.recv(1 << 20)
             except BlockingIOError:
                 return
             except OSError:

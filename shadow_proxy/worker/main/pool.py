@@ -197,7 +197,7 @@ class Pool:
             self._read_unbound(fd)
             return
         shard = self.by_fd.get(fd)
-        if shard is None:
+        if shard is None or shard.sock is None:
             return
         try:
             data = shard.sock.recv(READ_BYTES)

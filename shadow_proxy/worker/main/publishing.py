@@ -100,7 +100,7 @@ class Publishing:
                 where = config.where(f"taps[{tap.name}].endpoint")
                 msg = (
                     f"{where}: tap '{tap.name}' cannot bind {tap.endpoint} "
-                    f"({zmq.strerror(e.errno)})"
+                    f"({zmq.strerror(e.errno or 0)})"
                 )
                 raise TapSocketError(msg) from e
             self.publishers.append(publisher)

@@ -167,7 +167,7 @@ class IncrementalEncoder:
                 continue  # stored above, as its own piece
             ids = array(IDS)
             for piece in pieces:
-                if type(piece) is int:
+                if isinstance(piece, int):
                     ids.append(piece)
                 else:
                     ids.extend(found[piece])
@@ -177,7 +177,7 @@ class IncrementalEncoder:
         for gaps in all_gaps:
             out = array(IDS)
             for gap in gaps:
-                if type(gap) is int:
+                if isinstance(gap, int):
                     out.append(gap)
                 else:
                     out.extend(found[gap])

@@ -139,8 +139,10 @@ def _tool_choice_schema(choice: Any, tools: Any) -> Any:
     object, one ``anyOf`` branch per tool."""
     if not isinstance(tools, list) or not tools:
         return None
-    functions = [t.get("function") for t in tools if isinstance(t, dict)]
-    functions = [f for f in functions if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    offered = [t.get("function") for t in tools if isinstance(t, dict)]
+    functions: list[dict[str, Any]] = [
+        f for f in offered if isinstance(f, dict) and isinstance(f.get("name"), str)
+    ]
     if isinstance(choice, dict):
         wanted = choice.get("function")
         name = wanted.get("name") if isinstance(wanted, dict) else None

@@ -117,7 +117,8 @@ class Segmenter:
         """The segmenter of a ``tokenizers.Tokenizer``; raises ``NotSegmentable``."""
         config = _pipeline(tokenizer)
         _check_pipeline(tokenizer, config)
-        raw_tokens, normalized_tokens = [], []
+        raw_tokens: list[Any] = []
+        normalized_tokens: list[Any] = []
         for token in tokenizer.get_added_tokens_decoder().values():
             if token.content:
                 (normalized_tokens if token.normalized else raw_tokens).append(token)
@@ -259,7 +260,7 @@ def probe(tokenizer: Any, segmenter: Segmenter) -> None:
     for pieces, expected in zip(cut, full, strict=True):
         ids: list[int] = []
         for piece in pieces:
-            if type(piece) is int:
+            if isinstance(piece, int):
                 ids.append(piece)
             else:
                 ids += gap_ids[piece]

@@ -95,7 +95,7 @@ class BodyDecoder:
     def _zstd(self, data: bytes) -> Iterator[bytes]:
         view = memoryview(data)
         for start in range(0, len(view), ZSTD_FEED):
-            piece = view[start : start + ZSTD_FEED]
+            piece: bytes | memoryview = view[start : start + ZSTD_FEED]
             while piece:
                 out = self._obj.decompress(piece)
                 piece = b""

@@ -97,9 +97,11 @@ class ObservedResponse:
         of a bomb): nothing is encoded, counts are content chunks, no token ids.
         """
         usage = self.usage or {}
-        completion = usage.get("completion_tokens", usage.get("output_tokens"))
-        has_usage = isinstance(completion, int) and not isinstance(completion, bool)
-        has_usage = has_usage and completion >= 0
+        reported = usage.get("completion_tokens", usage.get("output_tokens"))
+        completion: int | None = None
+        if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0:
+            completion = reported
+        has_usage = completion is not None
         ids: list[Sequence[int] | None] = []
         own: list[int] = []
         complete: list[bool] = []
@@ -126,14 +128,15 @@ class ObservedResponse:
             elif need_ids and not choice.text:
                 retokenized = []
             count = len(retokenized) if retokenized is not None else choice.content_chunks
-            source = "retokenized" if retokenized is not None else "chunks"
+            found = "retokenized" if retokenized is not None else "chunks"
             if choice.text_truncated and choice.content_chunks > count:
-                count, source = choice.content_chunks, "chunks"
-            sources.append(source)
+                count, found = choice.content_chunks, "chunks"
+            sources.append(found)
             ids.append(retokenized if token_ids else None)
             own.append(count)
             complete.append(not choice.text_truncated)
-        counts = _apportion(completion, own) if has_usage and own else own
+        counts = _apportion(completion, own) if completion is not None and own else own
+        source: str | None
         if failure is not None:
             source = None
             ids = [

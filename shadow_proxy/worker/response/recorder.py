@@ -184,15 +184,15 @@ class ResponseRecorder:
         if self._decoder is None:
             self._undecodable += len(data)
             return
-        encoded = self._decoder.kind != "identity" and self._max_decoded is not None
+        limit = self._max_decoded if self._decoder.kind != "identity" else None
         deadline = self.cpu_deadline
         try:
             for piece in self._decoder.decode(data):
-                if encoded:
+                if limit is not None:
                     self._decoded += len(piece)
-                    if self._decoded > self._max_decoded:
+                    if self._decoded > limit:
                         self.give_up(
-                            f"work budget: body decodes to over {self._max_decoded} bytes",
+                            f"work budget: body decodes to over {limit} bytes",
                             WorkBudget.DECODED,
                         )
                         return

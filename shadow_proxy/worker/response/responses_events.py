@@ -155,17 +155,17 @@ class ResponsesReader:
         if not (stream and seen is not None and seen.content_chunks):
             carried = self._output(response.get("output"))
         status = response.get("status")
-        reason = None
+        reason: str | None = None
         if status == "completed":
             reason = "tool_calls" if self.calls else "stop"
         elif status == "incomplete":
             details = response.get("incomplete_details")
             why = details.get("reason") if isinstance(details, dict) else None
-            reason = INCOMPLETE_REASONS.get(why, why if isinstance(why, str) else "incomplete")
+            reason = INCOMPLETE_REASONS.get(why, why) if isinstance(why, str) else "incomplete"
         elif status == "cancelled":
             reason = "cancelled"
         choice = self._choice() if reason is not None else None
-        if choice is not None:
+        if choice is not None and reason is not None:
             choice.finish_reason = reason[:MAX_ID_CHARS]
         return carried
 

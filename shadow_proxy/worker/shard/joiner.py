@@ -31,7 +31,7 @@ import attrs
 
 from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.channel.handoff import Chunks, End, Head, Request
-from shadow_proxy.config import Config, SampleBy, TapConfig
+from shadow_proxy.config import Config, ResponseOptions, SampleBy, TapConfig
 from shadow_proxy.exchange import DropReason, EndKind, Route
 from shadow_proxy.records.envelope import build_envelope
 from shadow_proxy.records.filters import prefix_sample_key, request_sample_key, sample_in
@@ -58,6 +58,12 @@ class Tap:
     #: Its index in ``config.taps``: how the sink knows it.
     index: int
     config: TapConfig
+    #: What a joined record keeps of the response (the defaults for a request tap).
+    response: ResponseOptions = attrs.field()
+
+    @response.default
+    def _response(self) -> ResponseOptions:
+        return self.config.response or ResponseOptions()
 
 
 @attrs.define
@@ -159,6 +165,7 @@ class Joiner:
             self.metrics.not_mirrored.labels(pre.reason).inc()
             return
         many = isinstance(pre, PreprocessedBatch)
+        requests = pre.requests if isinstance(pre, PreprocessedBatch) else (pre,)
         parts = [
             Pending(
                 route,
@@ -172,7 +179,7 @@ class Joiner:
                 arrival_mono_ns=arrival_mono_ns,
                 prompt_index=index if many else None,
             )
-            for index, one in enumerate(pre.requests if many else (pre,))
+            for index, one in enumerate(requests)
         ]
         pending = parts[0]
         pending.batch = parts[1:]
@@ -191,21 +198,23 @@ class Joiner:
                     self.publish(tap, part, None, arrival_mono_ns)
         joined = [tap for part in parts for tap in part.joined]
         if joined:
-            pre = pending.pre
-            n = pre.sampling_options.get("n") or 1
-            options = [t.config.response for t in joined]
+            first = requests[0]
+            n = first.sampling_options.get("n") or 1
+            options = [t.response for t in joined]
             caps = [o.max_tokens for o in options]
             pending.recorder = ResponseRecorder(
                 route,
                 n * len(parts),
                 # Upstream ids beyond every tap's cap are never published.
-                max_token_ids_per_choice=None if None in caps else max(caps),
+                max_token_ids_per_choice=None
+                if any(cap is None for cap in caps)
+                else max(cap for cap in caps if cap is not None),
                 chunk_timing=any(o.chunk_timing for o in options),
                 max_decoded_bytes=self.config.worker.max_decoded_bytes,
                 max_events=response_events(
                     n * len(parts),
-                    pre.stop_conditions.get("max_tokens"),
-                    self.models[pre.model].context_length,
+                    first.stop_conditions.get("max_tokens"),
+                    self.models[first.model].context_length,
                 ),
             )
         for part in parts:
@@ -226,6 +235,7 @@ class Joiner:
 
     def takes(self, tap: Tap, pending: Pending) -> bool:
         config, pre = tap.config, pending.pre
+        assert pre is not None  # kept until the taps have decided
         if config.models and pre.model not in config.models:
             self.sink.skip(tap.index, "models")
             return False
@@ -271,7 +281,7 @@ class Joiner:
         )
         final = observed.finalize(
             None if cut else functools.partial(model.encode_output, conversation=conversation),
-            token_ids=any(t.config.response.tokens for t in joined),
+            token_ids=any(t.response.tokens for t in joined),
         )
         self.check_prompt_tokens(pending, reported_prompt_tokens(observed.usage))
         ready = pending.arrival_mono_ns + offset
@@ -282,7 +292,7 @@ class Joiner:
             if part.prompt_index is not None:
                 answer = for_prompt(final, part.prompt_index, observed.n // len(parts))
             for tap in part.joined:
-                options = tap.config.response
+                options = tap.response
                 try:
                     response = answer.to_record(
                         tokens=options.tokens,
@@ -334,6 +344,8 @@ class Joiner:
         request = pending.projections.get(projection_key)
         if request is None:
             try:
+                if pending.pre is None:  # kept while a tap needs it: a bug otherwise
+                    raise ValueError("no preprocessed request to project")
                 request = config.filters.project(pending.pre)
             except Exception as exc:  # RecursionError, ProjectionError, a bug
                 self.tap_failed(tap, exc)

@@ -255,9 +255,10 @@ class JetStreamLink:
                 name="shadow-proxy tap worker",
                 allow_reconnect=True,
                 max_reconnect_attempts=-1,
-                reconnect_time_wait=RECONNECT_WAIT_S,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                ping_interval=PING_INTERVAL_S,
+                # nats-py annotates these as int; it takes seconds as numbers.
+                reconnect_time_wait=RECONNECT_WAIT_S,  # type: ignore[arg-type]
+                connect_timeout=CONNECT_TIMEOUT_S,  # type: ignore[arg-type]
+                ping_interval=PING_INTERVAL_S,  # type: ignore[arg-type]
                 max_outstanding_pings=2,
                 pending_size=PENDING_BYTES,
                 flush_timeout=FLUSH_TIMEOUT_S,
@@ -284,7 +285,7 @@ class JetStreamLink:
             self.stream_ok = True
             self.problem = None
         else:
-            self.stats.stream_problems[check.reason] += 1
+            self.stats.stream_problems[check.reason or "unavailable"] += 1
             self.problem = check.problem if check.fatal else None
             self.note("%s", check.problem)
         if check.ok or check.fatal:

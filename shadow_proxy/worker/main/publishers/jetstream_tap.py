@@ -72,7 +72,9 @@ class JetStreamPublisher:
         self.queue = queue
         self.index = index
         self.capacity = config.capacity
-        self.subject = config.subject
+        if config.subject is None:
+            raise ValueError(f"tap '{config.name}' publishes to NATS without a subject")
+        self.subject: str = config.subject
         self.heartbeat_subject = config.subject + HEARTBEAT_SUFFIX
         self.publisher_id = new_publisher_id()
         self.endpoint = f"jetstream://{link.config.stream}/{config.subject}"
@@ -129,7 +131,12 @@ class JetStreamPublisher:
         """Every ``HEARTBEAT_S``, when the tap's numbers changed, queue a heartbeat."""
         now = time.monotonic()
         queue = self.queue
-        state = (queue.next_seq, queue.queued, queue.published, queue.publish_errors)
+        state: tuple[int, ...] = (
+            queue.next_seq,
+            queue.queued,
+            queue.published,
+            queue.publish_errors,
+        )
         state += tuple(queue.dropped.values())
         if not force and (now < self.next_heartbeat or state == self.last_state):
             return
