@@ -82,13 +82,17 @@ def case_config(frontend_url: str, port: int, case: str, nats: str) -> dict[str,
     taps = reference_taps([reserve_endpoint() for _ in TAP_NAMES])
     options: dict[str, Any] = {}
     if case == "taps-nats":
-        options["nats"] = {"servers": [nats], "stream": f"BENCH_{next(_RUN)}",
-                           "max_bytes": 4294967296}  # fmt: skip
+        options["nats"] = {
+            "servers": [nats],
+            "stream": f"BENCH_{next(_RUN)}",
+            "max_bytes": 4294967296,
+        }
         for tap in taps:
             tap["transport"] = "nats"
             del tap["endpoint"]
-    return proxy_config(frontend_url, port=port, models={MODEL_NAME: MODEL_DIR}, taps=taps,
-                        **options)  # fmt: skip
+    return proxy_config(
+        frontend_url, port=port, models={MODEL_NAME: MODEL_DIR}, taps=taps, **options
+    )
 
 
 class Setup:
@@ -111,8 +115,9 @@ class Setup:
         config = case_config(frontend.url, port, case, nats.urls[0])
         self.stream = config.get("nats", {}).get("stream", "")
         conf = write_config(scratch / f"proxy-{case}.yaml", config)
-        self.proxy = service(f"proxy-{case}", cli_argv("serve", "--config", str(conf),
-                             log_level=None), scratch)  # fmt: skip
+        self.proxy = service(
+            f"proxy-{case}", cli_argv("serve", "--config", str(conf), log_level=None), scratch
+        )
         self.url = f"http://127.0.0.1:{port}"
         await wait_http_ok(self.url + "/healthz", START_TIMEOUT_S, children=[self.proxy])
         self.pids["proxy"] = self.proxy.pid
@@ -123,13 +128,29 @@ class Setup:
             summary = scratch / f"consumer-{case}-{i}.json"
             summary.unlink(missing_ok=True)
             if case == "taps-nats":
-                source = ["--nats", nats.urls[0], "--stream", config["nats"]["stream"],
-                          "--tap", name, "--topic", tap["topic"],
-                          "--durable", f"bench-{name}"]  # fmt: skip
+                source = [
+                    "--nats",
+                    nats.urls[0],
+                    "--stream",
+                    config["nats"]["stream"],
+                    "--tap",
+                    name,
+                    "--topic",
+                    tap["topic"],
+                    "--durable",
+                    f"bench-{name}",
+                ]
             else:
                 source = ["--endpoint", tap["endpoint"], "--topic", tap["topic"]]
-            argv = cli_argv("consumer", *source, "--summary-path", str(summary),
-                            "--interval", "60", log_level=None)  # fmt: skip
+            argv = cli_argv(
+                "consumer",
+                *source,
+                "--summary-path",
+                str(summary),
+                "--interval",
+                "60",
+                log_level=None,
+            )
             consumer = service(f"consumer-{case}-{i}", argv, scratch)
             self.pids[f"consumer-{i}"] = consumer.pid
             self.consumers.append((name, consumer, summary))
@@ -195,8 +216,14 @@ async def delete_stream(url: str, stream: str) -> None:
 SETTLE_S = 180.0
 
 
-async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsCluster,
-                   spec: LoadSpec, warmup: LoadSpec) -> dict[str, Any]:  # fmt: skip
+async def run_case(
+    case: str,
+    frontend: Frontend,
+    scratch: Path,
+    nats: NatsCluster,
+    spec: LoadSpec,
+    warmup: LoadSpec,
+) -> dict[str, Any]:
     setup = await Setup.start(case, frontend, scratch, nats)
     try:
         await run_load(evolved(warmup, url=setup.url))
@@ -226,13 +253,21 @@ async def run_case(case: str, frontend: Frontend, scratch: Path, nats: NatsClust
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
     cpu["loadgen"] = own
     ack = {
-        f"ack_p{q}_ms": None if (v := histogram_quantile(acks_before, acks_after, q / 100)) is None
+        f"ack_p{q}_ms": None
+        if (v := histogram_quantile(acks_before, acks_after, q / 100)) is None
         else v * 1000
         for q in (50, 99)
-    }  # fmt: skip
-    return {"case": case, "report": report, "cpu_s": cpu, "rss_mb_start": rss_before,
-            "rss_mb_peak": sampler.peak, "loop_lag_p99_ms": None, "consumers": consumers,
-            **ack}  # fmt: skip
+    }
+    return {
+        "case": case,
+        "report": report,
+        "cpu_s": cpu,
+        "rss_mb_start": rss_before,
+        "rss_mb_peak": sampler.peak,
+        "loop_lag_p99_ms": None,
+        "consumers": consumers,
+        **ack,
+    }
 
 
 async def run_jetstream_regime(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
@@ -242,22 +277,35 @@ async def run_jetstream_regime(args: argparse.Namespace, scratch: Path) -> dict[
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CASES}
     try:
         nats.start()
-        base = LoadSpec(url="", model=MODEL_NAME, requests=args.requests,
-                        concurrency=args.concurrency, prompt_tokens=args.isl,
-                        output_tokens=args.osl, stream=True)  # fmt: skip
+        base = LoadSpec(
+            url="",
+            model=MODEL_NAME,
+            requests=args.requests,
+            concurrency=args.concurrency,
+            prompt_tokens=args.isl,
+            output_tokens=args.osl,
+            stream=True,
+        )
         for rnd in range(args.rounds):
             order = CASES[rnd % 2 :] + CASES[: rnd % 2]
             for case in order:
                 seed = 1000 * (rnd + 1) + 10 * CASES.index(case)
-                warmup = evolved(base, seed=seed + 500_000, requests=args.warmup,
-                               concurrency=min(args.concurrency, args.warmup))  # fmt: skip
+                warmup = evolved(
+                    base,
+                    seed=seed + 500_000,
+                    requests=args.warmup,
+                    concurrency=min(args.concurrency, args.warmup),
+                )
                 run = await run_case(
                     case, frontend, scratch, nats, evolved(base, seed=seed), warmup
                 )
                 s = run["report"].summary()
-                print(f"[jetstream] round {rnd + 1} {case}: {s['requests_per_s']:.1f} req/s, "
-                      f"ttft p50 {s['ttft_p50_ms']} p99 {s['ttft_p99_ms']} ms, errors "
-                      f"{s['errors']}, ack p99 {run['ack_p99_ms']} ms", flush=True)  # fmt: skip
+                print(
+                    f"[jetstream] round {rnd + 1} {case}: {s['requests_per_s']:.1f} req/s, "
+                    f"ttft p50 {s['ttft_p50_ms']} p99 {s['ttft_p99_ms']} ms, errors "
+                    f"{s['errors']}, ack p99 {run['ack_p99_ms']} ms",
+                    flush=True,
+                )
                 runs[case].append(run)
     finally:
         nats.stop()
@@ -267,9 +315,16 @@ async def run_jetstream_regime(args: argparse.Namespace, scratch: Path) -> dict[
         cases[case] = aggregate(case_runs)
         acks = [r["ack_p99_ms"] for r in case_runs if r["ack_p99_ms"] is not None]
         cases[case]["ack_p99_ms"] = max(acks) if acks else None
-    return {"regime": "jetstream", "frontend": frontend.label, "isl": args.isl, "osl": args.osl,
-            "rounds": args.rounds, "concurrency": args.concurrency, "requests": args.requests,
-            "cases": cases}  # fmt: skip
+    return {
+        "regime": "jetstream",
+        "frontend": frontend.label,
+        "isl": args.isl,
+        "osl": args.osl,
+        "rounds": args.rounds,
+        "concurrency": args.concurrency,
+        "requests": args.requests,
+        "cases": cases,
+    }
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
@@ -287,21 +342,34 @@ def markdown(result: dict[str, Any], command: str) -> str:
         ("TTFT p99 ms", zmq["ttft_p99_ms"], nats["ttft_p99_ms"]),
         ("end-to-end p99 ms", zmq["e2e_p99_ms"], nats["e2e_p99_ms"]),
         ("serving process CPU s / 1000 req", cpu(zmq, "proxy"), cpu(nats, "proxy")),
-        ("tap worker's main (publishing) CPU s / 1000 req", cpu(zmq, "worker"),
-         cpu(nats, "worker")),
-        ("tap worker with its shards CPU s / 1000 req", cpu(zmq, "worker+shards"),
-         cpu(nats, "worker+shards")),
+        (
+            "tap worker's main (publishing) CPU s / 1000 req",
+            cpu(zmq, "worker"),
+            cpu(nats, "worker"),
+        ),
+        (
+            "tap worker with its shards CPU s / 1000 req",
+            cpu(zmq, "worker+shards"),
+            cpu(nats, "worker+shards"),
+        ),
         ("nats-server CPU s / 1000 req", None, cpu(nats, "nats-server")),
-        ("worker peak RSS MiB", zmq["rss_mb_peak"].get("worker"),
-         nats["rss_mb_peak"].get("worker")),
+        (
+            "worker peak RSS MiB",
+            zmq["rss_mb_peak"].get("worker"),
+            nats["rss_mb_peak"].get("worker"),
+        ),
         ("ack p99 ms", None, nats.get("ack_p99_ms")),
-    ]  # fmt: skip
-    out = [f"## shadow-proxy bench: jetstream ({result['started']})", "",
-           f"`{command}`; {result['frontend']}, {result['requests']} requests x "
-           f"{result['rounds']} rounds, concurrency {result['concurrency']}, ISL {result['isl']}, "
-           f"OSL {result['osl']}", "",
-           "| | ZeroMQ taps | JetStream taps | JetStream / ZeroMQ |",
-           "|---|---:|---:|---:|"]  # fmt: skip
+    ]
+    out = [
+        f"## shadow-proxy bench: jetstream ({result['started']})",
+        "",
+        f"`{command}`; {result['frontend']}, {result['requests']} requests x "
+        f"{result['rounds']} rounds, concurrency {result['concurrency']}, ISL {result['isl']}, "
+        f"OSL {result['osl']}",
+        "",
+        "| | ZeroMQ taps | JetStream taps | JetStream / ZeroMQ |",
+        "|---|---:|---:|---:|",
+    ]
     for label, a, b in rows:
         fa = "-" if a is None else f"{a:.2f}"
         fb = "-" if b is None else f"{b:.2f}"
@@ -314,8 +382,9 @@ def markdown(result: dict[str, Any], command: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench.bench_jetstream",
-                                     description=__doc__.splitlines()[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="bench.bench_jetstream", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--requests", type=int, default=3000, help="per case and round")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
@@ -328,8 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command = "python -m bench.bench_jetstream " + " ".join(argv if argv is not None else
-                                                            sys.argv[1:])  # fmt: skip
+    command = "python -m bench.bench_jetstream " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     started = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory(prefix="shadow-bench-js-") as tmp:
         result = asyncio.run(run_jetstream_regime(args, Path(tmp)))

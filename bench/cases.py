@@ -60,8 +60,14 @@ class Setup:
         self.lag_url: str | None = None
 
     @classmethod
-    async def start(cls, case: str, frontend: Frontend, scratch: Path, isolate: bool,
-                    worker: dict[str, Any] | None = None) -> Setup:  # fmt: skip
+    async def start(
+        cls,
+        case: str,
+        frontend: Frontend,
+        scratch: Path,
+        isolate: bool,
+        worker: dict[str, Any] | None = None,
+    ) -> Setup:
         """Start what ``case`` needs; returns once it answers."""
         self = cls(case, frontend)
         proxy_cpus = PROXY_CPU if isolate else None
@@ -76,9 +82,13 @@ class Setup:
         elif case != "direct":
             taps = case.startswith("taps")
             child, self.url, worker_pid, endpoints = await start_proxy(
-                frontend.url, scratch, taps, proxy_cpus, worker,
+                frontend.url,
+                scratch,
+                taps,
+                proxy_cpus,
+                worker,
                 quick_ack=case != "proxy-no-quick-ack",
-            )  # fmt: skip
+            )
             self.services.append(child)
             self.pids["proxy"] = child.pid
             self.lag_url = self.url + "/metrics"
@@ -89,9 +99,23 @@ class Setup:
                 summary.unlink(missing_ok=True)
                 # At nice 19: in a deployment the consumers run elsewhere; here they
                 # share the frontend's core and must not take its CPU.
-                argv = ["nice", "-n", "19", *cli_argv(
-                    "consumer", "--endpoint", endpoint, "--topic", topic, "--summary-path",
-                    str(summary), "--interval", "60", log_level=None)]  # fmt: skip
+                argv = [
+                    "nice",
+                    "-n",
+                    "19",
+                    *cli_argv(
+                        "consumer",
+                        "--endpoint",
+                        endpoint,
+                        "--topic",
+                        topic,
+                        "--summary-path",
+                        str(summary),
+                        "--interval",
+                        "60",
+                        log_level=None,
+                    ),
+                ]
                 consumer = service(f"consumer-{i}", argv, scratch, cpus=other_cpus)
                 self.consumers.append((name, consumer, summary))
             if self.consumers:
@@ -201,9 +225,18 @@ class RssSampler:
             self._task.cancel()
 
 
-async def run_case(case: str, frontend: Frontend, scratch: Path, args, spec: LoadSpec,
-                   warmup: LoadSpec, isolate: bool, worker: dict[str, Any] | None = None,
-                   settle_s: float = 0.0, side: Side | None = None) -> dict[str, Any]:  # fmt: skip
+async def run_case(
+    case: str,
+    frontend: Frontend,
+    scratch: Path,
+    args,
+    spec: LoadSpec,
+    warmup: LoadSpec,
+    isolate: bool,
+    worker: dict[str, Any] | None = None,
+    settle_s: float = 0.0,
+    side: Side | None = None,
+) -> dict[str, Any]:
     """One run of ``case``; ``side(url, ready, stop)``, if given, runs beside the
     measured load until ``stop`` is set (the hostile regime's traffic) and what it
     returns is the run's ``side``. It starts before the warm-up and the measured load
@@ -267,8 +300,9 @@ SIDE_READY_TIMEOUT_S = 60.0
 async def _side_ready(beside: asyncio.Task, ready: asyncio.Event) -> None:
     """Until ``ready`` is set; a side that ended or failed first raises here."""
     waiter = asyncio.create_task(ready.wait())
-    done, _ = await asyncio.wait({beside, waiter}, timeout=SIDE_READY_TIMEOUT_S,
-                                 return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    done, _ = await asyncio.wait(
+        {beside, waiter}, timeout=SIDE_READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+    )
     waiter.cancel()
     if not ready.is_set():
         if beside in done:
@@ -314,8 +348,10 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
     consumers: dict[str, dict[str, Any]] = {}
     for run in runs:
         for tap, s in run["consumers"].items():
-            total = consumers.setdefault(tap, {"records": 0, "tap_gaps": 0, "tail_loss": 0,
-                                               "transport_gaps": 0, "dropped": {}})  # fmt: skip
+            total = consumers.setdefault(
+                tap,
+                {"records": 0, "tap_gaps": 0, "tail_loss": 0, "transport_gaps": 0, "dropped": {}},
+            )
             for key in ("records", "tap_gaps", "tail_loss", "transport_gaps"):
                 total[key] += s.get(key) or 0
             for reason, n in (s.get("dropped") or {}).items():

@@ -38,16 +38,27 @@ GAP_S = 0.01
 
 async def first_token_ms(url: str, requests: int, *, fresh: bool) -> float:
     """Median time to the first body bytes of ``requests`` sequential streams."""
-    bodies = ({"model": MODEL_NAME, "max_tokens": 8, "stream": True,
-               "messages": [{"role": "user", "content": "x " * (10 + 20 * k)}]}
-              for k in range(requests))  # fmt: skip
+    bodies = (
+        {
+            "model": MODEL_NAME,
+            "max_tokens": 8,
+            "stream": True,
+            "messages": [{"role": "user", "content": "x " * (10 + 20 * k)}],
+        }
+        for k in range(requests)
+    )
     url += "/v1/chat/completions"
     return statistics.median(await first_bytes_ms(url, bodies, fresh=fresh, gap_s=GAP_S))
 
 
 async def measure(requests: int, scratch: Path) -> list[dict[str, Any]]:
-    dynamo = await start_dynamo(MODEL_DIR, MODEL_NAME, scratch / "dynamo", SPEEDUP,
-                                extra_mocker_args=("--no-enable-prefix-caching",))  # fmt: skip
+    dynamo = await start_dynamo(
+        MODEL_DIR,
+        MODEL_NAME,
+        scratch / "dynamo",
+        SPEEDUP,
+        extra_mocker_args=("--no-enable-prefix-caching",),
+    )
     rows = []
     try:
         targets: list[tuple[str, str, Any]] = [("Dynamo direct", dynamo.base_url, None)]
@@ -55,15 +66,19 @@ async def measure(requests: int, scratch: Path) -> list[dict[str, Any]]:
             child, url, _, _ = await start_proxy(
                 dynamo.base_url, scratch, False, None, quick_ack=quick_ack
             )
-            targets.append((f"through the proxy, quick_ack {'on' if quick_ack else 'off'}",
-                            url, child))  # fmt: skip
+            targets.append(
+                (f"through the proxy, quick_ack {'on' if quick_ack else 'off'}", url, child)
+            )
         for name, url, _ in targets:
             row = {"path": name}
             for fresh in (False, True):
                 label = "fresh" if fresh else "kept_alive"
                 row[label] = round(await first_token_ms(url, requests, fresh=fresh), 1)
-            print(f"{name}: kept-alive {row['kept_alive']} ms, fresh {row['fresh']} ms",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"{name}: kept-alive {row['kept_alive']} ms, fresh {row['fresh']} ms",
+                file=sys.stderr,
+                flush=True,
+            )
             rows.append(row)
         for _, _, child in targets:
             if child is not None:
@@ -83,17 +98,21 @@ def main(argv: list[str] | None = None) -> int:
     command = ".venv/bin/python -m bench.first_token " + " ".join(argv or sys.argv[1:])
     info = machine()
     lines = [
-        f"## shadow-proxy bench: first token (stamp {stamp})", "",
+        f"## shadow-proxy bench: first token (stamp {stamp})",
+        "",
         f"Command: `{command.strip()}`  ",
         f"Machine: {info['cpu_model']}, {info['cores']} cores, load average at start "
-        f"{info['loadavg_at_start']}", "",
+        f"{info['loadavg_at_start']}",
+        "",
         f"Dynamo 1.6.1 frontend + mocker (speedup {SPEEDUP}, prefix caching off); "
         f"{args.requests} sequential streaming chat requests per cell, 8 output tokens; "
-        "median milliseconds from sending to the first body bytes.", "",
+        "median milliseconds from sending to the first body bytes.",
+        "",
         "| path | client keeps its connection | client connects afresh |",
         "|---|---:|---:|",
-        *(f"| {r['path']} | {r['kept_alive']} | {r['fresh']} |" for r in rows), "",
-    ]  # fmt: skip
+        *(f"| {r['path']} | {r['kept_alive']} | {r['fresh']} |" for r in rows),
+        "",
+    ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stamp}-first-token.md").write_text("\n".join(lines), encoding="utf-8")
     (RESULTS / f"{stamp}-first-token.json").write_text(

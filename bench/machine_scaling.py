@@ -56,8 +56,11 @@ def main() -> None:
     for rnd in range(args.rounds):
         one = prompts_per_s(path, 1, args.prompts)
         two = prompts_per_s(path, 2, args.prompts)
-        print(f"round {rnd + 1}: 1 process {one:.0f} prompts/s, 2 processes {two:.0f} "
-              f"prompts/s: {two / one:.2f}x", flush=True)  # fmt: skip
+        print(
+            f"round {rnd + 1}: 1 process {one:.0f} prompts/s, 2 processes {two:.0f} "
+            f"prompts/s: {two / one:.2f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -33,16 +33,22 @@ def ttft(path: Path, data: dict[str, Any], command: str, title: str) -> Path:
     cases = list(data["ttft_ms"])
     colour = {case: _COLOURS[i % len(_COLOURS)] for i, case in enumerate(cases)}
     beside = [case for case in cases if data["hostile_at"].get(case)]
-    fig, axes = plt.subplots(1, 1 + len(beside), figsize=(6 + 5.5 * len(beside), 4.8),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1, 1 + len(beside), figsize=(6 + 5.5 * len(beside), 4.8), squeeze=False
+    )
     tail = axes[0][0]
     for case in cases:
         values = np.sort(np.asarray(data["ttft_ms"][case]))
         if values.size:
             slower = 1.0 - np.arange(values.size) / values.size
             p99 = values[min(values.size - 1, int(0.99 * values.size))]
-            tail.step(values, slower, where="post", color=colour[case],
-                      label=f"{case} (n={values.size}, p99 {p99:.0f} ms)")  # fmt: skip
+            tail.step(
+                values,
+                slower,
+                where="post",
+                color=colour[case],
+                label=f"{case} (n={values.size}, p99 {p99:.0f} ms)",
+            )
     tail.axhline(0.01, color="grey", lw=0.8, ls="--")
     tail.set_yscale("log")
     tail.set_xlabel("TTFT (ms)")
@@ -58,8 +64,13 @@ def ttft(path: Path, data: dict[str, Any], command: str, title: str) -> Path:
         ax.scatter(points[:, 0], points[:, 1], s=3, color=colour[case], label="requests")
         labelled: set[str] = set()
         for kind, at in data["hostile_at"][case]:
-            ax.axvline(at, color=mark[kind], lw=0.9, alpha=0.6,
-                       label=None if kind in labelled else f"sent: {kind}")  # fmt: skip
+            ax.axvline(
+                at,
+                color=mark[kind],
+                lw=0.9,
+                alpha=0.6,
+                label=None if kind in labelled else f"sent: {kind}",
+            )
             labelled.add(kind)
         ax.set_ylim(0, top * 1.05)
         ax.set_xlim(left=0)

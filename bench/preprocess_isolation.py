@@ -141,16 +141,30 @@ async def main_async(args: argparse.Namespace) -> int:
                 with Child(case, cmd, logs, env=env, merge_output=True) as proxy:
                     url = f"http://127.0.0.1:{port}"
                     await wait_http_ok(url + "/healthz", 60, children=[proxy])
-                    warm = LoadSpec(url=url, model="deepseek", requests=8, concurrency=4,
-                                    prompt_tokens=args.isl, output_tokens=args.osl)  # fmt: skip
+                    warm = LoadSpec(
+                        url=url,
+                        model="deepseek",
+                        requests=8,
+                        concurrency=4,
+                        prompt_tokens=args.isl,
+                        output_tokens=args.osl,
+                    )
                     await run_load(warm)
-                    spec = LoadSpec(url=url, model="deepseek", requests=args.requests,
-                                    concurrency=args.concurrency, prompt_tokens=args.isl,
-                                    output_tokens=args.osl, seed=1)  # fmt: skip
+                    spec = LoadSpec(
+                        url=url,
+                        model="deepseek",
+                        requests=args.requests,
+                        concurrency=args.concurrency,
+                        prompt_tokens=args.isl,
+                        output_tokens=args.osl,
+                        seed=1,
+                    )
                     results[case] = await measure(url, spec)
                     await proxy.stop(30)
-    print(f"Serving-loop lag, prompts of {args.isl} tokens, {args.requests} streaming requests, "
-          f"concurrency {args.concurrency}, built-in frontend:\n")  # fmt: skip
+    print(
+        f"Serving-loop lag, prompts of {args.isl} tokens, {args.requests} streaming requests, "
+        f"concurrency {args.concurrency}, built-in frontend:\n"
+    )
     print(
         "| preprocessing | loop lag p50 ms | loop lag p99 ms | req/s | TTFT p50 ms "
         "| TTFT p99 ms | errors |"
@@ -158,9 +172,11 @@ async def main_async(args: argparse.Namespace) -> int:
     print("|---|---:|---:|---:|---:|---:|---:|")
     names = {"worker": "in the tap worker process (shipped)", "inline": "on the serving loop"}
     for case, r in results.items():
-        print(f"| {names[case]} | {r['loop_lag_p50_ms']:.1f} | {r['loop_lag_p99_ms']:.1f} "
-              f"| {r['requests_per_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} "
-              f"| {r['errors']} |")  # fmt: skip
+        print(
+            f"| {names[case]} | {r['loop_lag_p50_ms']:.1f} | {r['loop_lag_p99_ms']:.1f} "
+            f"| {r['requests_per_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} "
+            f"| {r['errors']} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

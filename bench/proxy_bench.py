@@ -94,8 +94,10 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
         args.isl, args.osl = args.isl or 700, args.osl or 32
     elif regime == "quick":
         cases = ("direct", "proxy")
-        loads = [(c, args.quick_requests if c > 1 else max(50, args.quick_requests // 3))
-                 for c in (1, 64)]  # fmt: skip
+        loads = [
+            (c, args.quick_requests if c > 1 else max(50, args.quick_requests // 3))
+            for c in (1, 64)
+        ]
     elif regime == "memory":
         cases = ("taps", "taps-stalled")
         loads = [(args.concurrency or 64, args.requests or 12000)]
@@ -110,42 +112,64 @@ async def run_regime(regime: str, frontend_kind: str, args, scratch: Path) -> di
     speedup = args.speedup if isolate else 1000.0
     if isolate:
         os.sched_setaffinity(0, {int(OTHER_CPU)})
-    frontend = await Frontend.start(frontend_kind, scratch, pace=pace, speedup=speedup,
-                                    cpus=OTHER_CPU if isolate else None)  # fmt: skip
+    frontend = await Frontend.start(
+        frontend_kind, scratch, pace=pace, speedup=speedup, cpus=OTHER_CPU if isolate else None
+    )
     tables = []
     try:
         for concurrency, requests in loads:
             runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
-            base = LoadSpec(url="", model=MODEL_NAME, requests=requests, concurrency=concurrency,
-                            prompt_tokens=args.isl, output_tokens=args.osl, stream=True)  # fmt: skip  # noqa: E501
+            base = LoadSpec(
+                url="",
+                model=MODEL_NAME,
+                requests=requests,
+                concurrency=concurrency,
+                prompt_tokens=args.isl,
+                output_tokens=args.osl,
+                stream=True,
+            )
             for rnd in range(args.rounds):
                 order = cases[rnd % len(cases) :] + cases[: rnd % len(cases)]
                 for i, case in enumerate(order):
                     seed = 1000 * (rnd + 1) + 10 * list(CASE_TITLES).index(case) + concurrency
                     spec = evolved(base, seed=seed)
-                    warmup = evolved(base, seed=seed + 500_000, requests=args.warmup,
-                                   concurrency=min(concurrency, args.warmup))  # fmt: skip
+                    warmup = evolved(
+                        base,
+                        seed=seed + 500_000,
+                        requests=args.warmup,
+                        concurrency=min(concurrency, args.warmup),
+                    )
                     t0 = time.monotonic()
                     run = await run_case(case, frontend, scratch, args, spec, warmup, isolate)
                     s = run["report"].summary()
-                    print(f"[{regime}/{frontend_kind} c={concurrency}] round {rnd + 1} "
-                          f"#{i + 1} {case}: {s['requests_per_s']:.1f} req/s, ttft p50 "
-                          f"{s['ttft_p50_ms']} p99 {s['ttft_p99_ms']} ms, errors {s['errors']}, "
-                          f"cpu {_fmt_cpu(run['cpu_s'])} ({time.monotonic() - t0:.0f}s)",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"[{regime}/{frontend_kind} c={concurrency}] round {rnd + 1} "
+                        f"#{i + 1} {case}: {s['requests_per_s']:.1f} req/s, ttft p50 "
+                        f"{s['ttft_p50_ms']} p99 {s['ttft_p99_ms']} ms, errors {s['errors']}, "
+                        f"cpu {_fmt_cpu(run['cpu_s'])} ({time.monotonic() - t0:.0f}s)",
+                        flush=True,
+                    )
                     runs[case].append(run)
-            tables.append({
-                "concurrency": concurrency,
-                "requests": requests,
-                "cases": {c: aggregate(runs[c]) for c in cases},
-                "runs": {c: [run_json(r) for r in runs[c]] for c in cases},
-            })  # fmt: skip
+            tables.append(
+                {
+                    "concurrency": concurrency,
+                    "requests": requests,
+                    "cases": {c: aggregate(runs[c]) for c in cases},
+                    "runs": {c: [run_json(r) for r in runs[c]] for c in cases},
+                }
+            )
         profile = None
         if args.profile and regime in ("capacity", "isolation"):
             concurrency, requests = loads[0]
-            spec = LoadSpec(url="", model=MODEL_NAME, requests=requests,
-                            concurrency=concurrency, prompt_tokens=args.isl,
-                            output_tokens=args.osl, seed=99)  # fmt: skip
+            spec = LoadSpec(
+                url="",
+                model=MODEL_NAME,
+                requests=requests,
+                concurrency=concurrency,
+                prompt_tokens=args.isl,
+                output_tokens=args.osl,
+                seed=99,
+            )
             profile = await profile_case(frontend, scratch, spec, isolate)
     finally:
         frontend.stop()
@@ -183,11 +207,26 @@ async def profile_case(frontend: Frontend, scratch: Path, spec: LoadSpec, isolat
         await run_load(evolved(spec, url=setup.url, requests=100))
         for role in ("proxy", "worker"):
             out = scratch / f"pyspy-{role}.txt"
-            spies[role] = (out, subprocess.Popen(
-                [py_spy, "record", "--nonblocking", "--rate", "200", "--format", "raw",
-                 "--output", str(out), "--pid", str(setup.pids[role])],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))  # fmt: skip
+            spies[role] = (
+                out,
+                subprocess.Popen(
+                    [
+                        py_spy,
+                        "record",
+                        "--nonblocking",
+                        "--rate",
+                        "200",
+                        "--format",
+                        "raw",
+                        "--output",
+                        str(out),
+                        "--pid",
+                        str(setup.pids[role]),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                ),
+            )
         await asyncio.sleep(1.0)
         await run_load(evolved(spec, url=setup.url))
         for _, spy in spies.values():
@@ -250,41 +289,74 @@ def _short(frame: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shadow-proxy bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--regime", default="quick",
-                        choices=("capacity", "isolation", "memory", "quick", "isolation-dynamo",
-                                 "quick-ack", *WORKER_REGIMES, "all"))  # fmt: skip
+    parser.add_argument(
+        "--regime",
+        default="quick",
+        choices=(
+            "capacity",
+            "isolation",
+            "memory",
+            "quick",
+            "isolation-dynamo",
+            "quick-ack",
+            *WORKER_REGIMES,
+            "all",
+        ),
+    )
     parser.add_argument("--frontend", default="builtin", choices=("builtin", "dynamo", "both"))
     parser.add_argument("--requests", type=int, help="per case and round (default per regime)")
     parser.add_argument("--concurrency", type=int, help="default: 64, isolation 16")
-    parser.add_argument("--rounds", type=int,
-                        help="per case (default 2; hostile 4: see ROUNDS)")  # fmt: skip
-    parser.add_argument("--isl", type=int, help="prompt tokens (default 2048; "
-                        "isolation-dynamo 700 words)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, help="per case (default 2; hostile 4: see ROUNDS)")
+    parser.add_argument(
+        "--isl", type=int, help="prompt tokens (default 2048; isolation-dynamo 700 words)"
+    )
     parser.add_argument("--osl", type=int, help="output tokens (default 16; isolation-dynamo 32)")
     parser.add_argument("--warmup", type=int, default=100, help="requests per case and round")
-    parser.add_argument("--quick-requests", type=int, default=600,
-                        help="quick regime: at concurrency 64 (a third of it at 1)")  # fmt: skip
+    parser.add_argument(
+        "--quick-requests",
+        type=int,
+        default=600,
+        help="quick regime: at concurrency 64 (a third of it at 1)",
+    )
     parser.add_argument("--ttft-ms", type=float, default=50.0, help="isolation: frontend pacing")
     parser.add_argument("--itl-ms", type=float, default=10.0, help="isolation: frontend pacing")
-    parser.add_argument("--speedup", type=float, default=10.0,
-                        help="isolation with Dynamo: mocker --speedup-ratio")  # fmt: skip
-    parser.add_argument("--answers", choices=("synthetic", "frontend"), default="synthetic",
-                        help="multiturn: resend the bench's answers (8 tokens asked "
-                             "for), or ask for as many and resend the frontend's")  # fmt: skip
-    parser.add_argument("--dynamo-tokenizer-cache", choices=("on", "off"), default="on",
-                        help="multiturn: Dynamo's own tokenizer prefix cache (off: "
-                             "DYN_TOKENIZER_CACHE=0, every prompt encoded in full)")  # fmt: skip
-    parser.add_argument("--conversations", type=int, default=24,
-                        help="multiturn: conversations per case and round")  # fmt: skip
-    parser.add_argument("--processes", type=int,
-                        help="multiturn: worker.processes (default: one per core)")  # fmt: skip
-    parser.add_argument("--max-lag-s", type=float, default=5.0,
-                        help="overload: worker.max_lag_s")  # fmt: skip
-    parser.add_argument("--hostile", nargs="*", default=[], metavar="KIND",
-                        help="hostile: send only these (62, 7, 256: the tools body, the "
-                             "long prompt, the gzip bomb); default all")  # fmt: skip
-    parser.add_argument("--profile", action="store_true",
-                        help="py-spy the serving process and worker (capacity, isolation)")  # fmt: skip  # noqa: E501
+    parser.add_argument(
+        "--speedup", type=float, default=10.0, help="isolation with Dynamo: mocker --speedup-ratio"
+    )
+    parser.add_argument(
+        "--answers",
+        choices=("synthetic", "frontend"),
+        default="synthetic",
+        help="multiturn: resend the bench's answers (8 tokens asked "
+        "for), or ask for as many and resend the frontend's",
+    )
+    parser.add_argument(
+        "--dynamo-tokenizer-cache",
+        choices=("on", "off"),
+        default="on",
+        help="multiturn: Dynamo's own tokenizer prefix cache (off: "
+        "DYN_TOKENIZER_CACHE=0, every prompt encoded in full)",
+    )
+    parser.add_argument(
+        "--conversations", type=int, default=24, help="multiturn: conversations per case and round"
+    )
+    parser.add_argument(
+        "--processes", type=int, help="multiturn: worker.processes (default: one per core)"
+    )
+    parser.add_argument("--max-lag-s", type=float, default=5.0, help="overload: worker.max_lag_s")
+    parser.add_argument(
+        "--hostile",
+        nargs="*",
+        default=[],
+        metavar="KIND",
+        help="hostile: send only these (62, 7, 256: the tools body, the "
+        "long prompt, the gzip bomb); default all",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the serving process and worker (capacity, isolation)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     return parser
 
@@ -304,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         from shadow_proxy.devtools import modeldirs
 
         modeldirs.build_all(REPO / ".models")
-    regimes = ("quick", "capacity", "isolation", "memory") if args.regime == "all" else (
-        args.regime,)  # fmt: skip
+    regimes = (
+        ("quick", "capacity", "isolation", "memory") if args.regime == "all" else (args.regime,)
+    )
     frontends = ("builtin", "dynamo") if args.frontend == "both" else (args.frontend,)
     command = "make bench BENCH_ARGS='" + " ".join(argv if argv is not None else sys.argv[1:]) + "'"
     args.output.mkdir(parents=True, exist_ok=True)
@@ -316,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         kinds = ("dynamo",) if regime in ("isolation-dynamo", "quick-ack") else frontends
         with tempfile.TemporaryDirectory(prefix="shadow-bench-") as tmp:
             for kind in kinds:
-                if regime in ("quick", "memory", "isolation") and kind == "dynamo" and len(
-                        frontends) > 1:  # fmt: skip
+                if (
+                    regime in ("quick", "memory", "isolation")
+                    and kind == "dynamo"
+                    and len(frontends) > 1
+                ):
                     continue  # built-in only unless asked for Dynamo alone
                 scratch = Path(tmp) / kind
                 scratch.mkdir()
@@ -330,8 +406,13 @@ def main(argv: list[str] | None = None) -> int:
                     parts.append(asyncio.run(worker_bench.run(regime, kind, options, scratch)))
                 else:
                     parts.append(asyncio.run(run_regime(regime, kind, options, scratch)))
-        result = {"regime": regime, "started": started, "command": command, "machine": info,
-                  "parts": parts}  # fmt: skip
+        result = {
+            "regime": regime,
+            "started": started,
+            "command": command,
+            "machine": info,
+            "parts": parts,
+        }
         stem = args.output / f"{started}-{regime}"
         if regime in WORKER_REGIMES:
             from bench import plots, worker_bench

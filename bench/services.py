@@ -36,8 +36,14 @@ START_TIMEOUT_S = 120.0
 PROXY_CPU, OTHER_CPU = "1", "0"
 
 
-def service(name: str, argv: list[str], log_dir: Path, *, cpus: str | None = None,
-            env: dict[str, str] | None = None) -> Child:  # fmt: skip
+def service(
+    name: str,
+    argv: list[str],
+    log_dir: Path,
+    *,
+    cpus: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Child:
     """A started child in its own session, stdout and stderr in ``log_dir/NAME.log``."""
     return Child(name, argv, log_dir, env=env, cwd=REPO, cpus=cpus, merge_output=True).start()
 
@@ -59,16 +65,29 @@ class Frontend:
         self.label = ""
 
     @classmethod
-    async def start(cls, kind: str, scratch: Path, *, pace: tuple[float, float] | None,
-                    speedup: float, cpus: str | None,
-                    dynamo_env: dict[str, str] | None = None) -> Frontend:  # fmt: skip
+    async def start(
+        cls,
+        kind: str,
+        scratch: Path,
+        *,
+        pace: tuple[float, float] | None,
+        speedup: float,
+        cpus: str | None,
+        dynamo_env: dict[str, str] | None = None,
+    ) -> Frontend:
         """Start the built-in frontend or Dynamo (``dynamo_env``: its frontend's extra
         environment); returns once it answers."""
         self = cls(kind)
         if kind == "builtin":
             port = reserve_port()
-            argv = cli_argv("mock-frontend", "--port", str(port), "--model",
-                            f"{MODEL_NAME}={MODEL_DIR}", log_level=None)  # fmt: skip
+            argv = cli_argv(
+                "mock-frontend",
+                "--port",
+                str(port),
+                "--model",
+                f"{MODEL_NAME}={MODEL_DIR}",
+                log_level=None,
+            )
             if pace:
                 argv += ["--ttft-ms", str(pace[0]), "--itl-ms", str(pace[1])]
             child = service("frontend", argv, scratch, cpus=cpus)
@@ -80,8 +99,9 @@ class Frontend:
                 f" (ttft {pace[0]:g} ms, itl {pace[1]:g} ms)" if pace else " (no pacing)"
             )
         else:
-            self._dynamo = await start_dynamo(MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup,
-                                              extra_frontend_env=dynamo_env)  # fmt: skip
+            self._dynamo = await start_dynamo(
+                MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup, extra_frontend_env=dynamo_env
+            )
             self.url = self._dynamo.base_url
             self.pids = {"frontend": self._dynamo.frontend.pid, "engine": self._dynamo.mocker.pid}
             if cpus is not None:
@@ -140,20 +160,31 @@ async def start_nginx(frontend_url: str, scratch: Path, cpus: str | None) -> tup
     prefix.mkdir(exist_ok=True)
     port = reserve_port()
     conf = prefix / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(
-        user="user root;\n" if os.geteuid() == 0 else "", prefix=prefix, port=port,
-        upstream=frontend_url.removeprefix("http://"),
-    ))  # fmt: skip
-    child = service("nginx", [nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-                    prefix, cpus=cpus)  # fmt: skip
+    conf.write_text(
+        NGINX_CONF.format(
+            user="user root;\n" if os.geteuid() == 0 else "",
+            prefix=prefix,
+            port=port,
+            upstream=frontend_url.removeprefix("http://"),
+        )
+    )
+    child = service(
+        "nginx", [nginx, "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"], prefix, cpus=cpus
+    )
     url = f"http://127.0.0.1:{port}"
     await wait_http_ok(url + "/v1/models", 30, children=[child])
     workers = children(child.pid)
     return child, url, workers[0] if workers else child.pid
 
 
-async def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | None,
-                      worker: dict[str, Any] | None = None, quick_ack: bool = True):  # fmt: skip
+async def start_proxy(
+    frontend_url: str,
+    scratch: Path,
+    taps: bool,
+    cpus: str | None,
+    worker: dict[str, Any] | None = None,
+    quick_ack: bool = True,
+):
     """The proxy (with ``SHADOW_PROXY_LOOP_LAG=1``) and, with ``taps``, the two
     reference taps (``worker``: options of the tap worker); returns (child, url,
     worker pid, [(tap, endpoint, topic)])."""
@@ -163,9 +194,12 @@ async def start_proxy(frontend_url: str, scratch: Path, taps: bool, cpus: str | 
     if not quick_ack:
         options["upstream"] = {"quick_ack": False}
     mapping = proxy_config(
-        frontend_url, port=port, models={MODEL_NAME: MODEL_DIR} if taps else None, taps=tap_list,
+        frontend_url,
+        port=port,
+        models={MODEL_NAME: MODEL_DIR} if taps else None,
+        taps=tap_list,
         **options,
-    )  # fmt: skip
+    )
     conf = write_config(scratch / f"proxy-{'taps' if taps else 'plain'}.yaml", mapping)
     env = {**os.environ, "SHADOW_PROXY_LOOP_LAG": "1"}
     argv = cli_argv("serve", "--config", str(conf), log_level=None)

@@ -61,9 +61,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
     m = result["machine"]
     out = [f"## shadow-proxy bench: {result['regime']} ({result['started']})", ""]
     out.append(f"Command: `{command}`  ")
-    out.append(f"Machine: {m['cpu_model']}, {m['cores']} cores, Linux {m['kernel']}, "
-               f"Python {m['python']}, load average at start {m['loadavg_at_start']}; "
-               + ", ".join(f"{k} {v}" for k, v in m["packages"].items()))  # fmt: skip
+    out.append(
+        f"Machine: {m['cpu_model']}, {m['cores']} cores, Linux {m['kernel']}, "
+        f"Python {m['python']}, load average at start {m['loadavg_at_start']}; "
+        + ", ".join(f"{k} {v}" for k, v in m["packages"].items())
+    )
     out.append("")
     for part in result["parts"]:
         out += _markdown_part(part)
@@ -72,24 +74,43 @@ def markdown(result: dict[str, Any], command: str) -> str:
 
 def _markdown_part(part: dict[str, Any]) -> list[str]:
     out = [f"### {part['regime']}: {part['frontend']}", ""]
-    out.append(f"Streaming chat, prompt ~{part['isl']} tokens, {part['osl']} output tokens, "
-               f"{part['rounds']} alternating rounds (case order rotated), "
-               f"{part['warmup_requests']} warm-up requests per case and round"
-               + (f"; proxy/nginx and tap worker on core {part['pinned']['proxy_and_worker']}, "
-                  f"frontend, load generator and consumers on core {part['pinned']['others']}"
-                  if part["pinned"] else "") + ".")  # fmt: skip
+    out.append(
+        f"Streaming chat, prompt ~{part['isl']} tokens, {part['osl']} output tokens, "
+        f"{part['rounds']} alternating rounds (case order rotated), "
+        f"{part['warmup_requests']} warm-up requests per case and round"
+        + (
+            f"; proxy/nginx and tap worker on core {part['pinned']['proxy_and_worker']}, "
+            f"frontend, load generator and consumers on core {part['pinned']['others']}"
+            if part["pinned"]
+            else ""
+        )
+        + "."
+    )
     out.append("")
     for table in part["tables"]:
         cases = table["cases"]
         base_name = "direct" if "direct" in cases else "taps"
         base = cases[base_name]
-        roles = [r for r in ("frontend", "engine", "proxy", "worker", "loadgen")
-                 if any(r in c["cpu_s_per_1000"] for c in cases.values())]  # fmt: skip
-        out.append(f"Concurrency {table['concurrency']}, {table['requests']} requests per case "
-                   f"and round. Ratios are against `{base_name}`.")  # fmt: skip
+        roles = [
+            r
+            for r in ("frontend", "engine", "proxy", "worker", "loadgen")
+            if any(r in c["cpu_s_per_1000"] for c in cases.values())
+        ]
+        out.append(
+            f"Concurrency {table['concurrency']}, {table['requests']} requests per case "
+            f"and round. Ratios are against `{base_name}`."
+        )
         out.append("")
-        head = ["case", "req/s", "ratio", "TTFT p50 ms", "ratio", "TTFT p99 ms", "ratio",
-                "e2e p99 ms"]  # fmt: skip
+        head = [
+            "case",
+            "req/s",
+            "ratio",
+            "TTFT p50 ms",
+            "ratio",
+            "TTFT p99 ms",
+            "ratio",
+            "e2e p99 ms",
+        ]
         if part["regime"].startswith("isolation"):
             head.append("loop lag p99 ms")
         head += [f"CPU s/1k {r}" for r in roles]
@@ -97,18 +118,27 @@ def _markdown_part(part: dict[str, Any]) -> list[str]:
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + ["---"]) + "|")
         for name, c in cases.items():
-            row = [CASE_TITLES[name], _f(c["requests_per_s"]),
-                   _ratio(c["requests_per_s"], base["requests_per_s"]),
-                   _f(c["ttft_p50_ms"]), _ratio(c["ttft_p50_ms"], base["ttft_p50_ms"]),
-                   _f(c["ttft_p99_ms"]), _ratio(c["ttft_p99_ms"], base["ttft_p99_ms"]),
-                   _f(c["e2e_p99_ms"])]  # fmt: skip
+            row = [
+                CASE_TITLES[name],
+                _f(c["requests_per_s"]),
+                _ratio(c["requests_per_s"], base["requests_per_s"]),
+                _f(c["ttft_p50_ms"]),
+                _ratio(c["ttft_p50_ms"], base["ttft_p50_ms"]),
+                _f(c["ttft_p99_ms"]),
+                _ratio(c["ttft_p99_ms"], base["ttft_p99_ms"]),
+                _f(c["e2e_p99_ms"]),
+            ]
             if part["regime"].startswith("isolation"):
                 row.append(_f(c["loop_lag_p99_ms"], 2))
             row += [_f(c["cpu_s_per_1000"].get(r), 2) for r in roles]
             row += [_f(c["rss_mb_peak"].get("proxy")), _f(c["rss_mb_peak"].get("worker"))]
-            row.append("; ".join(
-                f"{t.split('-')[0]} {s['records']}/{s['tap_gaps'] + s['tail_loss']}"
-                for t, s in c["consumers"].items()) or "-")  # fmt: skip
+            row.append(
+                "; ".join(
+                    f"{t.split('-')[0]} {s['records']}/{s['tap_gaps'] + s['tail_loss']}"
+                    for t, s in c["consumers"].items()
+                )
+                or "-"
+            )
             row.append(str(c["errors"]))
             out.append("| " + " | ".join(row) + " |")
         out.append("")
@@ -128,24 +158,66 @@ def _targets(regime: str, cases: dict[str, Any]) -> list[str]:
                 continue
             c, base = cases[name], cases[against]
             checks += [
-                (f"{name}: TTFT p50 / {against} <= 1.05", c["ttft_p50_ms"], base["ttft_p50_ms"], 1.05, False),  # noqa: E501
-                (f"{name}: TTFT p99 / {against} <= 1.10", c["ttft_p99_ms"], base["ttft_p99_ms"], 1.10, False),  # noqa: E501
-                (f"{name}: req/s / {against} >= 0.95", c["requests_per_s"], base["requests_per_s"], 0.95, True),  # noqa: E501
-            ]  # fmt: skip
+                (
+                    f"{name}: TTFT p50 / {against} <= 1.05",
+                    c["ttft_p50_ms"],
+                    base["ttft_p50_ms"],
+                    1.05,
+                    False,
+                ),
+                (
+                    f"{name}: TTFT p99 / {against} <= 1.10",
+                    c["ttft_p99_ms"],
+                    base["ttft_p99_ms"],
+                    1.10,
+                    False,
+                ),
+                (
+                    f"{name}: req/s / {against} >= 0.95",
+                    c["requests_per_s"],
+                    base["requests_per_s"],
+                    0.95,
+                    True,
+                ),
+            ]
     elif regime == "capacity":
         proxy, front = cases["proxy"], cases["direct"]["cpu_s_per_1000"]["frontend"]
-        checks.append(("no taps: req/s / nginx >= 0.95", proxy["requests_per_s"],
-                       cases["nginx"]["requests_per_s"], 0.95, True))  # fmt: skip
+        checks.append(
+            (
+                "no taps: req/s / nginx >= 0.95",
+                proxy["requests_per_s"],
+                cases["nginx"]["requests_per_s"],
+                0.95,
+                True,
+            )
+        )
         for name in ("proxy", "taps"):
-            checks.append((f"{name}: serving-loop CPU / frontend CPU <= 0.25",
-                           cases[name]["cpu_s_per_1000"]["proxy"], front, 0.25, False))  # fmt: skip
-        checks.append(("taps: worker CPU / frontend CPU <= 1.0",
-                       cases["taps"]["cpu_s_per_1000"].get("worker"), front, 1.0, False))  # fmt: skip  # noqa: E501
+            checks.append(
+                (
+                    f"{name}: serving-loop CPU / frontend CPU <= 0.25",
+                    cases[name]["cpu_s_per_1000"]["proxy"],
+                    front,
+                    0.25,
+                    False,
+                )
+            )
+        checks.append(
+            (
+                "taps: worker CPU / frontend CPU <= 1.0",
+                cases["taps"]["cpu_s_per_1000"].get("worker"),
+                front,
+                1.0,
+                False,
+            )
+        )
     elif regime == "memory":
         a, s = cases["taps"]["rss_mb_peak"], cases["taps-stalled"]["rss_mb_peak"]
-        return [f"Peak RSS growth with stalled consumers over reading ones: proxy "
-                f"{_f(s.get('proxy', 0) - a.get('proxy', 0))} MB, worker "
-                f"{_f(s.get('worker', 0) - a.get('worker', 0))} MB.", ""]  # fmt: skip
+        return [
+            f"Peak RSS growth with stalled consumers over reading ones: proxy "
+            f"{_f(s.get('proxy', 0) - a.get('proxy', 0))} MB, worker "
+            f"{_f(s.get('worker', 0) - a.get('worker', 0))} MB.",
+            "",
+        ]
     if not checks:
         return []
     out = ["| target | ratio | met |", "|---|---:|---|"]
@@ -160,14 +232,21 @@ def _targets(regime: str, cases: dict[str, Any]) -> list[str]:
 
 
 def _markdown_profile(profile: dict[str, Any]) -> list[str]:
-    out = ["py-spy (`record --nonblocking --rate 200`, one unmeasured run of case 4), "
-           "share of on-CPU samples:", ""]  # fmt: skip
+    out = [
+        "py-spy (`record --nonblocking --rate 200`, one unmeasured run of case 4), "
+        "share of on-CPU samples:",
+        "",
+    ]
     for role, p in profile.items():
         if "error" in p:
             out += [f"{role}: {p['error']}", ""]
             continue
-        out += [f"**{role}** ({p['samples']} samples)", "", "| self % | function | "
-                "inclusive % | function |", "|---:|---|---:|---|"]  # fmt: skip
+        out += [
+            f"**{role}** ({p['samples']} samples)",
+            "",
+            "| self % | function | inclusive % | function |",
+            "|---:|---|---:|---|",
+        ]
         for (fs, vs), (fi, vi) in zip(p["self"], p["inclusive"], strict=False):
             out.append(f"| {vs} | `{fs}` | {vi} | `{fi}` |")
         out.append("")

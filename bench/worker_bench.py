@@ -114,9 +114,15 @@ async def scaling(kind: str, args, scratch: Path) -> dict[str, Any]:
                     frontend.url, scratch, True, PROXY_CPU if one else None, worker
                 )
                 try:
-                    spec = LoadSpec(url=url, model=MODEL_NAME, requests=requests,
-                                    concurrency=32, prompt_tokens=isl, output_tokens=4,
-                                    seed=rnd)  # fmt: skip
+                    spec = LoadSpec(
+                        url=url,
+                        model=MODEL_NAME,
+                        requests=requests,
+                        concurrency=32,
+                        prompt_tokens=isl,
+                        output_tokens=4,
+                        seed=rnd,
+                    )
                     await run_load(evolved(spec, requests=20, seed=999))
                     runs[case].append(await _drain(url, main, spec))
                     rate = runs[case][-1]["records_per_s"]
@@ -127,9 +133,16 @@ async def scaling(kind: str, args, scratch: Path) -> dict[str, Any]:
         frontend.stop()
     summary = {case: _median_run(r) for case, r in runs.items()}
     ratio = summary["2 cores"]["records_per_s"] / max(1e-9, summary["1 core"]["records_per_s"])
-    return {"regime": "scaling", "frontend": frontend.label, "isl": isl, "requests": requests,
-            "rounds": args.rounds, "cases": summary, "runs": runs,
-            "targets": [("2 cores / 1 core throughput >= 1.8", ratio, 1.8, True)]}  # fmt: skip
+    return {
+        "regime": "scaling",
+        "frontend": frontend.label,
+        "isl": isl,
+        "requests": requests,
+        "rounds": args.rounds,
+        "cases": summary,
+        "runs": runs,
+        "targets": [("2 cores / 1 core throughput >= 1.8", ratio, 1.8, True)],
+    }
 
 
 async def _drain(url: str, main: int, spec: LoadSpec) -> dict[str, float]:
@@ -150,8 +163,12 @@ async def _drain(url: str, main: int, spec: LoadSpec) -> dict[str, float]:
     await _published(url, start, sent)
     elapsed = time.monotonic() - t0
     cpu = sum(cpu_seconds(pid) for pid in pids) - cpu0
-    return {"records": sent, "seconds": elapsed, "records_per_s": sent / elapsed,
-            "worker_cpu_ms_per_record": 1000 * cpu / max(1, sent)}  # fmt: skip
+    return {
+        "records": sent,
+        "seconds": elapsed,
+        "records_per_s": sent / elapsed,
+        "worker_cpu_ms_per_record": 1000 * cpu / max(1, sent),
+    }
 
 
 async def _published(url: str, start: dict[str, int], sent: int, timeout: float = 600) -> None:
@@ -222,9 +239,13 @@ async def _converse(
             for user, reply in conversation.turns:
                 messages.append({"role": "user", "content": user})
                 real = answers == "frontend"
-                body = {"model": MODEL_NAME, "messages": messages,
-                        "max_tokens": len(reply.split()) if real else 8,
-                        "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+                body = {
+                    "model": MODEL_NAME,
+                    "messages": messages,
+                    "max_tokens": len(reply.split()) if real else 8,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 async with session.post(
                     url + "/v1/chat/completions", json=body, headers=headers
                 ) as r:
@@ -240,8 +261,9 @@ async def _converse(
 async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
     n = args.conversations
     env = {"DYN_TOKENIZER_CACHE": "0"} if args.dynamo_tokenizer_cache == "off" else None
-    frontend = await Frontend.start(kind, scratch, pace=None, speedup=1000.0, cpus=None,
-                                       dynamo_env=env)  # fmt: skip
+    frontend = await Frontend.start(
+        kind, scratch, pace=None, speedup=1000.0, cpus=None, dynamo_env=env
+    )
     cases = {"incremental": {}, "full re-encode": {"tokenizer_cache_bytes": 0}}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
     try:
@@ -271,8 +293,10 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                     text = metrics(url)
                 finally:
                     service.terminate()
-                run = {f"{role}_cpu_ms_per_request": 1000 * (after[role] - before[role]) / sent
-                       for role in before}  # fmt: skip
+                run = {
+                    f"{role}_cpu_ms_per_request": 1000 * (after[role] - before[role]) / sent
+                    for role in before
+                }
                 run["requests"] = sent
                 run["mismatches"] = counter(text, "shadow_prompt_token_mismatches_total")
                 encoded = counter(text, "shadow_tokenizer_tokens_total", source="encoded")
@@ -287,17 +311,30 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
     summary = {c: _median(r) for c, r in runs.items()}
     inc, full = summary["incremental"], summary["full re-encode"]
     targets = [
-        ("incremental / full re-encode worker CPU per request <= 0.3",
-         inc["worker_cpu_ms_per_request"] / max(1e-9, full["worker_cpu_ms_per_request"]), 0.3,
-         False),
-        ("incremental worker CPU / frontend CPU per request <= 0.5",
-         inc["worker_cpu_ms_per_request"] / max(1e-9, inc["frontend_cpu_ms_per_request"]), 0.5,
-         False),
+        (
+            "incremental / full re-encode worker CPU per request <= 0.3",
+            inc["worker_cpu_ms_per_request"] / max(1e-9, full["worker_cpu_ms_per_request"]),
+            0.3,
+            False,
+        ),
+        (
+            "incremental worker CPU / frontend CPU per request <= 0.5",
+            inc["worker_cpu_ms_per_request"] / max(1e-9, inc["frontend_cpu_ms_per_request"]),
+            0.5,
+            False,
+        ),
         ("prompt-token mismatches == 0", inc["mismatches"] + full["mismatches"], 0, False),
-    ]  # fmt: skip
-    return {"regime": "multiturn", "frontend": frontend.label, "conversations": n,
-            "answers": args.answers, "rounds": args.rounds, "cases": summary, "runs": runs,
-            "targets": targets}  # fmt: skip
+    ]
+    return {
+        "regime": "multiturn",
+        "frontend": frontend.label,
+        "conversations": n,
+        "answers": args.answers,
+        "rounds": args.rounds,
+        "cases": summary,
+        "runs": runs,
+        "targets": targets,
+    }
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:
@@ -323,17 +360,28 @@ async def overload(kind: str, args, scratch: Path) -> dict[str, Any]:
     pace = (args.ttft_ms, args.itl_ms)
     frontend = await Frontend.start(kind, scratch, pace=pace, speedup=args.speedup, cpus=OTHER_CPU)
     worker = {"processes": 1, "max_lag_s": max_lag}
-    base = LoadSpec(url="", model=MODEL_NAME, requests=requests, concurrency=concurrency,
-                    prompt_tokens=args.isl or 8192, output_tokens=args.osl or 16)  # fmt: skip
+    base = LoadSpec(
+        url="",
+        model=MODEL_NAME,
+        requests=requests,
+        concurrency=concurrency,
+        prompt_tokens=args.isl or 8192,
+        output_tokens=args.osl or 16,
+    )
     runs: dict[str, list[dict[str, Any]]] = {"proxy": [], "taps": []}
     try:
         for rnd in range(args.rounds):
             for case in list(runs) if rnd % 2 == 0 else list(reversed(runs)):
                 spec = evolved(base, seed=rnd)
-                warmup = evolved(base, seed=rnd + 500, requests=args.warmup,
-                                  concurrency=min(concurrency, args.warmup))  # fmt: skip
-                run = await run_case(case, frontend, scratch, args, spec, warmup, True, worker,
-                                        settle_s=max_lag + 1)  # fmt: skip
+                warmup = evolved(
+                    base,
+                    seed=rnd + 500,
+                    requests=args.warmup,
+                    concurrency=min(concurrency, args.warmup),
+                )
+                run = await run_case(
+                    case, frontend, scratch, args, spec, warmup, True, worker, settle_s=max_lag + 1
+                )
                 runs[case].append(run)
                 print(f"[overload] round {rnd + 1} {case}: {run['report'].summary()}", flush=True)
     finally:
@@ -345,23 +393,34 @@ async def overload(kind: str, args, scratch: Path) -> dict[str, Any]:
         merged: dict[float, float] = {}
         late = 0.0
         for run in runs["taps"]:
-            for le, value in buckets(run["metrics"], "shadow_tap_record_lag_seconds",
-                                     tap=tap).items():  # fmt: skip
+            for le, value in buckets(
+                run["metrics"], "shadow_tap_record_lag_seconds", tap=tap
+            ).items():
                 merged[le] = merged.get(le, 0.0) + value
             late += counter(run["metrics"], "shadow_tap_dropped_total", tap=tap, reason="late")
         p99 = histogram_quantile({}, merged, 0.99)
         lag[tap] = {"lag_p99_s": p99, "published": merged.get(float("inf"), 0.0), "late": late}
-    targets = [(f"{tap}: record lag p99 < max_lag_s ({max_lag:g} s)", v["lag_p99_s"], max_lag,
-                False) for tap, v in lag.items()]  # fmt: skip
+    targets = [
+        (f"{tap}: record lag p99 < max_lag_s ({max_lag:g} s)", v["lag_p99_s"], max_lag, False)
+        for tap, v in lag.items()
+    ]
     p, t = cases["proxy"], cases["taps"]
     targets += [
         ("taps: TTFT p50 / no taps <= 1.05", t["ttft_p50_ms"] / p["ttft_p50_ms"], 1.05, False),
         ("taps: TTFT p99 / no taps <= 1.10", t["ttft_p99_ms"] / p["ttft_p99_ms"], 1.10, False),
         ("taps: req/s / no taps >= 0.95", t["requests_per_s"] / p["requests_per_s"], 0.95, True),
     ]
-    return {"regime": "overload", "frontend": frontend.label, "requests": requests,
-            "concurrency": concurrency, "rounds": args.rounds, "max_lag_s": max_lag,
-            "cases": cases, "lag": lag, "targets": targets}  # fmt: skip
+    return {
+        "regime": "overload",
+        "frontend": frontend.label,
+        "requests": requests,
+        "concurrency": concurrency,
+        "rounds": args.rounds,
+        "max_lag_s": max_lag,
+        "cases": cases,
+        "lag": lag,
+        "targets": targets,
+    }
 
 
 # --------------------------------------------------------------------------- hostile
@@ -381,9 +440,10 @@ def hostile_requests(kinds: list[str] | None = None) -> list[tuple[str, bytes, d
     """(kind, body, headers) of each hostile request, in the order they are sent;
     ``kinds``: the first word of each kind to build (all when empty)."""
     bomb = {
-        "model": MODEL_NAME, "stream": True,
+        "model": MODEL_NAME,
+        "stream": True,
         "messages": [{"role": "user", "content": "a bomb, please"}],
-    }  # fmt: skip
+    }
     rejected = {"x-mock-fault": "status=400"}
     bombing = {"x-mock-fault": "gzip-bomb=256", "Accept-Encoding": "gzip"}
 
@@ -399,9 +459,12 @@ def hostile_requests(kinds: list[str] | None = None) -> list[tuple[str, bytes, d
         ("7 MiB prompt", long_prompt, rejected),
         # No max_tokens: 131k events by the context length, or the CPU budget.
         ("256 MiB gzip bomb, no max_tokens", lambda: json.dumps(bomb).encode(), bombing),
-    ]  # fmt: skip
-    return [(kind, build(), headers) for kind, build, headers in builders
-            if not kinds or kind.split()[0] in kinds]  # fmt: skip
+    ]
+    return [
+        (kind, build(), headers)
+        for kind, build, headers in builders
+        if not kinds or kind.split()[0] in kinds
+    ]
 
 
 #: What the hostile sender prints once its bodies are built and it starts sending.
@@ -417,9 +480,14 @@ def hostile_traffic(kinds: list[str]) -> Side:
 
     async def side(url: str, ready: asyncio.Event, stop: asyncio.Event) -> dict[str, Any]:
         sender = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.worker_bench", url, *kinds, stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "bench.worker_bench",
+            url,
+            *kinds,
+            stdout=asyncio.subprocess.PIPE,
             cwd=REPO,
-        )  # fmt: skip
+        )
         try:
             assert sender.stdout is not None
             if await sender.stdout.readline() != READY:
@@ -488,8 +556,9 @@ async def send_hostile(url: str, kinds: list[str]) -> dict[str, Any]:
             headers = {"Content-Type": "application/json", **headers}
             times.append((kind, time.monotonic()))
             try:
-                async with session.post(url + "/v1/chat/completions", data=body,
-                                        headers=headers) as r:  # fmt: skip
+                async with session.post(
+                    url + "/v1/chat/completions", data=body, headers=headers
+                ) as r:
                     await r.read()
                     status = str(r.status)
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -510,9 +579,15 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
     # step for about a second, in waves of `concurrency` arrivals, and those waves'
     # 1.6% of the requests were the TTFT p99 of every case (20261202 diagnosis).
     osl = args.osl or 16
-    base = LoadSpec(url="", model=MODEL_NAME, requests=requests, concurrency=concurrency,
-                    prompt_tokens=args.isl or 512, output_tokens=osl,
-                    ramp_s=(args.ttft_ms + osl * args.itl_ms) / 1000)  # fmt: skip
+    base = LoadSpec(
+        url="",
+        model=MODEL_NAME,
+        requests=requests,
+        concurrency=concurrency,
+        prompt_tokens=args.isl or 512,
+        output_tokens=osl,
+        ramp_s=(args.ttft_ms + osl * args.itl_ms) / 1000,
+    )
     side = hostile_traffic(args.hostile)
     cases = {"proxy+hostile": side, "taps": None, "taps+hostile": side}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
@@ -520,13 +595,21 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
         for rnd in range(args.rounds):
             for case in list(cases) if rnd % 2 == 0 else list(reversed(cases)):
                 spec = evolved(base, seed=rnd)
-                warmup = evolved(base, seed=rnd + 500, requests=args.warmup,
-                                  concurrency=min(concurrency, args.warmup))  # fmt: skip
-                run = await run_case(case, frontend, scratch, args, spec, warmup, False,
-                                        worker, side=cases[case])  # fmt: skip
+                warmup = evolved(
+                    base,
+                    seed=rnd + 500,
+                    requests=args.warmup,
+                    concurrency=min(concurrency, args.warmup),
+                )
+                run = await run_case(
+                    case, frontend, scratch, args, spec, warmup, False, worker, side=cases[case]
+                )
                 runs[case].append(run)
-                print(f"[hostile] round {rnd + 1} {case}: {run['report'].summary()} "
-                      f"hostile: {(run['side'] or {}).get('answers')}", flush=True)  # fmt: skip
+                print(
+                    f"[hostile] round {rnd + 1} {case}: {run['report'].summary()} "
+                    f"hostile: {(run['side'] or {}).get('answers')}",
+                    flush=True,
+                )
     finally:
         frontend.stop()
     summary = {c: aggregate(r) for c, r in runs.items()}
@@ -537,19 +620,24 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
                 sent.setdefault(what, {})[status] = sent.setdefault(what, {}).get(status, 0) + n
     text = "".join(run["metrics"] for run in runs["taps+hostile"])
     counted = {
-        "not mirrored, prompt over budget": counter(text, "shadow_not_mirrored_total",
-                                                    reason="prompt_over_budget"),
-        "responses cut at max_decoded_bytes": counter(text, "shadow_worker_budget_exceeded_total",
-                                                      budget="decoded"),
+        "not mirrored, prompt over budget": counter(
+            text, "shadow_not_mirrored_total", reason="prompt_over_budget"
+        ),
+        "responses cut at max_decoded_bytes": counter(
+            text, "shadow_worker_budget_exceeded_total", budget="decoded"
+        ),
         "responses cut past n x max_tokens events": counter(
-            text, "shadow_worker_budget_exceeded_total", budget="events"),
-        "responses cut at max_request_cpu_s": counter(text, "shadow_worker_budget_exceeded_total",
-                                                      budget="cpu"),
-        "shards recycled (max_rss_mb)": counter(text, "shadow_worker_shard_restarts_total",
-                                                reason="recycled"),
+            text, "shadow_worker_budget_exceeded_total", budget="events"
+        ),
+        "responses cut at max_request_cpu_s": counter(
+            text, "shadow_worker_budget_exceeded_total", budget="cpu"
+        ),
+        "shards recycled (max_rss_mb)": counter(
+            text, "shadow_worker_shard_restarts_total", reason="recycled"
+        ),
         "shards died": counter(text, "shadow_worker_shard_restarts_total", reason="died"),
         "records dropped late": counter(text, "shadow_tap_dropped_total", reason="late"),
-    }  # fmt: skip
+    }
     # The lag with hostile traffic, and without it (what the load alone costs a
     # worker that runs only on the CPU the serving side leaves it).
     lag: dict[str, Any] = {}
@@ -558,37 +646,73 @@ async def hostile(kind: str, args, scratch: Path) -> dict[str, Any]:
         for tap in TAP_NAMES:
             merged: dict[float, float] = {}
             for run in runs[case]:
-                for le, value in buckets(run["metrics"], "shadow_tap_record_lag_seconds",
-                                         tap=tap).items():  # fmt: skip
+                for le, value in buckets(
+                    run["metrics"], "shadow_tap_record_lag_seconds", tap=tap
+                ).items():
                     merged[le] = merged.get(le, 0.0) + value
             late = counter(case_text, "shadow_tap_dropped_total", tap=tap, reason="late")
-            lag[f"{tap} ({case})"] = {"lag_p99_s": histogram_quantile({}, merged, 0.99),
-                                      "published": merged.get(float("inf"), 0.0),
-                                      "late": late}  # fmt: skip
+            lag[f"{tap} ({case})"] = {
+                "lag_p99_s": histogram_quantile({}, merged, 0.99),
+                "published": merged.get(float("inf"), 0.0),
+                "late": late,
+            }
     bound = processes * MAX_RSS_MB + MAIN_ALLOWANCE_MB
     p, h = summary["proxy+hostile"], summary["taps+hostile"]
     targets = [
-        (f"worker peak RSS MiB <= {processes} x max_rss_mb + {MAIN_ALLOWANCE_MB}",
-         h["rss_mb_peak"].get("worker"), bound, False),
-        ("beside hostile traffic, taps / no taps: TTFT p50 <= 1.05",
-         h["ttft_p50_ms"] / p["ttft_p50_ms"], 1.05, False),
-        ("beside hostile traffic, taps / no taps: TTFT p99 <= 1.10",
-         h["ttft_p99_ms"] / p["ttft_p99_ms"], 1.10, False),
-        ("beside hostile traffic, taps / no taps: req/s >= 0.95",
-         h["requests_per_s"] / p["requests_per_s"], 0.95, True),
-    ]  # fmt: skip
+        (
+            f"worker peak RSS MiB <= {processes} x max_rss_mb + {MAIN_ALLOWANCE_MB}",
+            h["rss_mb_peak"].get("worker"),
+            bound,
+            False,
+        ),
+        (
+            "beside hostile traffic, taps / no taps: TTFT p50 <= 1.05",
+            h["ttft_p50_ms"] / p["ttft_p50_ms"],
+            1.05,
+            False,
+        ),
+        (
+            "beside hostile traffic, taps / no taps: TTFT p99 <= 1.10",
+            h["ttft_p99_ms"] / p["ttft_p99_ms"],
+            1.10,
+            False,
+        ),
+        (
+            "beside hostile traffic, taps / no taps: req/s >= 0.95",
+            h["requests_per_s"] / p["requests_per_s"],
+            0.95,
+            True,
+        ),
+    ]
     # A record queued behind a hostile request on the same shard waits at most
     # that request's CPU budget (worker.max_request_cpu_s, 5 s) and its own turn.
-    targets += [(f"{tap}: record lag p99 s <= 2 x max_request_cpu_s",
-                 v["lag_p99_s"], 10.0, False)
-                for tap, v in lag.items() if tap.endswith("(taps+hostile)")]  # fmt: skip
-    cases_out = {c: {**v, "worker_peak_rss_mb": v["rss_mb_peak"].get("worker"),
-                     "proxy_peak_rss_mb": v["rss_mb_peak"].get("proxy")}
-                 for c, v in summary.items()}  # fmt: skip
-    return {"regime": "hostile", "frontend": frontend.label, "requests": requests,
-            "concurrency": concurrency, "processes": processes, "rounds": args.rounds,
-            "cases": cases_out, "lag": lag, "hostile_sent": sent, "counted": counted,
-            "targets": targets, PLOT: _ttft_plot_data(runs)}  # fmt: skip
+    targets += [
+        (f"{tap}: record lag p99 s <= 2 x max_request_cpu_s", v["lag_p99_s"], 10.0, False)
+        for tap, v in lag.items()
+        if tap.endswith("(taps+hostile)")
+    ]
+    cases_out = {
+        c: {
+            **v,
+            "worker_peak_rss_mb": v["rss_mb_peak"].get("worker"),
+            "proxy_peak_rss_mb": v["rss_mb_peak"].get("proxy"),
+        }
+        for c, v in summary.items()
+    }
+    return {
+        "regime": "hostile",
+        "frontend": frontend.label,
+        "requests": requests,
+        "concurrency": concurrency,
+        "processes": processes,
+        "rounds": args.rounds,
+        "cases": cases_out,
+        "lag": lag,
+        "hostile_sent": sent,
+        "counted": counted,
+        "targets": targets,
+        PLOT: _ttft_plot_data(runs),
+    }
 
 
 #: A part's key for what ``plots.ttft`` draws; taken out before the JSON is written.
@@ -601,14 +725,16 @@ def _ttft_plot_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     from the start of the measured load)."""
     out: dict[str, Any] = {"ttft_ms": {}, "timeline": {}, "hostile_at": {}}
     for case, case_runs in runs.items():
-        timed = [[r for r in run["report"].results if r.ok and r.ttft_s is not None]
-                 for run in case_runs]  # fmt: skip
+        timed = [
+            [r for r in run["report"].results if r.ok and r.ttft_s is not None] for run in case_runs
+        ]
         out["ttft_ms"][case] = [r.ttft_s * 1000 for results in timed for r in results]
         out["timeline"][case] = [(r.sent_s, r.ttft_s * 1000) for r in timed[0]]
         first = case_runs[0]
         origin = first["report"].origin_monotonic
-        out["hostile_at"][case] = [(kind, t - origin) for kind, t in
-                                   (first["side"] or {}).get("times", [])]  # fmt: skip
+        out["hostile_at"][case] = [
+            (kind, t - origin) for kind, t in (first["side"] or {}).get("times", [])
+        ]
     return out
 
 
@@ -616,17 +742,20 @@ def _ttft_plot_data(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 async def run(regime: str, kind: str, args, scratch: Path) -> dict[str, Any]:
-    regimes = {"scaling": scaling, "multiturn": multiturn, "overload": overload,
-               "hostile": hostile}  # fmt: skip
+    regimes = {"scaling": scaling, "multiturn": multiturn, "overload": overload, "hostile": hostile}
     return await regimes[regime](kind, args, scratch)
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
     m = result["machine"]
-    out = [f"## shadow-proxy bench: {result['regime']} ({result['started']})", "",
-           f"Command: `{command}`  ",
-           f"Machine: {m['cpu_model']}, {m['cores']} cores, load average at start "
-           f"{m['loadavg_at_start']}", ""]  # fmt: skip
+    out = [
+        f"## shadow-proxy bench: {result['regime']} ({result['started']})",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {m['cpu_model']}, {m['cores']} cores, load average at start "
+        f"{m['loadavg_at_start']}",
+        "",
+    ]
     for part in result["parts"]:
         out.append(f"### {part['regime']}: {part['frontend']}")
         out.append("")
@@ -637,14 +766,19 @@ def markdown(result: dict[str, Any], command: str) -> str:
             out.append(f"| {name} | " + " | ".join(cells) + " |")
         out.append("")
         if part.get("plot"):
-            out += [f"![time to first token: every round's tail, and round 1's timeline]"
-                    f"({part['plot']})", ""]  # fmt: skip
+            out += [
+                f"![time to first token: every round's tail, and round 1's timeline]"
+                f"({part['plot']})",
+                "",
+            ]
         if part.get("lag"):
             out.append("| tap | record lag p99 s | published | dropped late |")
             out.append("|---|---:|---:|---:|")
             for tap, v in part["lag"].items():
-                out.append(f"| {tap} | {_cell(v['lag_p99_s'])} | {_cell(v['published'])} | "
-                           f"{_cell(v['late'])} |")  # fmt: skip
+                out.append(
+                    f"| {tap} | {_cell(v['lag_p99_s'])} | {_cell(v['published'])} | "
+                    f"{_cell(v['late'])} |"
+                )
             out.append("")
         if part.get("hostile_sent"):
             out.append("| hostile request | answers (status: count) |")

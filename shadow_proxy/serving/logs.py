@@ -93,9 +93,15 @@ _KINDS: tuple[tuple[type[BaseException], str], ...] = (
 )
 #: Every kind the filter reports (metric label values come from here).
 CLIENT_ERROR_KINDS = (
-    "bad_method", "too_long", "bad_target", "bad_request_line", "bad_header", "bad_body",
-    "bad_request", "internal_error",
-)  # fmt: skip
+    "bad_method",
+    "too_long",
+    "bad_target",
+    "bad_request_line",
+    "bad_header",
+    "bad_body",
+    "bad_request",
+    "internal_error",
+)
 
 
 def error_kind(exc: BaseException) -> str:

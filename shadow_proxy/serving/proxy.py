@@ -163,9 +163,12 @@ class ProxyHandler:
         target = upstream_target(request.raw_path)
         if target is None:
             return error_response(
-                400, "the request target must be a path or an http(s) URL",
-                "invalid_request_target", request_id, header,
-            )  # fmt: skip
+                400,
+                "the request target must be a path or an http(s) URL",
+                "invalid_request_target",
+                request_id,
+                header,
+            )
         if (request.content_length or 0) > self.max_request_bytes:
             return self._too_large(request_id, route)
         try:
@@ -182,10 +185,12 @@ class ProxyHandler:
             # error, its Python parser does not): the text quotes client bytes.
             self.metrics.rejected_requests.labels("bad_body").inc()
             self.oplog.log(
-                "bad_body", logging.WARNING,
+                "bad_body",
+                logging.WARNING,
                 "answered 400 on %s: the request body cannot be read (%s)",
-                route.label, type(e.__cause__ or e).__name__,
-            )  # fmt: skip
+                route.label,
+                type(e.__cause__ or e).__name__,
+            )
             response = error_response(
                 400, "the request body cannot be read", "invalid_request_body", request_id, header
             )
@@ -195,10 +200,14 @@ class ProxyHandler:
         capture: Capture | None = None
         if self.handoff is not None and route.mirrored:
             capture = self.handoff.open(
-                route, request_id, body, arrival_unix_ns, arrival_mono_ns,
+                route,
+                request_id,
+                body,
+                arrival_unix_ns,
+                arrival_mono_ns,
                 engine_headers.pick(request.raw_headers),
                 request.headers.get("Content-Encoding", ""),
-            )  # fmt: skip
+            )
 
         headers = upstream_request_headers(
             request.headers,
@@ -250,9 +259,12 @@ class ProxyHandler:
             self.metrics.upstream_errors.labels("read_timeout").inc()
             log.warning("upstream read timeout before the response started")
             proxy_answer = error_response(
-                504, "the frontend did not answer in time", "upstream_timeout",
-                request_id, header,
-            )  # fmt: skip
+                504,
+                "the frontend did not answer in time",
+                "upstream_timeout",
+                request_id,
+                header,
+            )
             return proxy_answer
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             # Before the response started: a connect timeout (504).
@@ -260,9 +272,12 @@ class ProxyHandler:
             self.metrics.upstream_errors.labels("connect_timeout").inc()
             log.warning("upstream connect timeout: %s", type(e).__name__)
             proxy_answer = error_response(
-                504, "the frontend did not accept a connection in time", "upstream_timeout",
-                request_id, header,
-            )  # fmt: skip
+                504,
+                "the frontend did not accept a connection in time",
+                "upstream_timeout",
+                request_id,
+                header,
+            )
             return proxy_answer
         except aiohttp.ClientConnectorError as e:
             end, detail = EndKind.UPSTREAM_FAILED, "connect failed"
@@ -319,19 +334,23 @@ class ProxyHandler:
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self.metrics.upstream_errors.labels("read_timeout").inc()
             self.oplog.log(
-                "stream_timeout", logging.WARNING,
+                "stream_timeout",
+                logging.WARNING,
                 "the frontend's response on %s stalled past upstream.read_timeout_s; "
-                "the client's stream was cut", route.label,
-            )  # fmt: skip
+                "the client's stream was cut",
+                route.label,
+            )
             _break(request, response)
             return EndKind.TIMEOUT, "read timeout"
         except (aiohttp.ClientError, OSError) as e:
             self.metrics.upstream_errors.labels("broken").inc()
             self.oplog.log(
-                "stream_broken", logging.WARNING,
+                "stream_broken",
+                logging.WARNING,
                 "the frontend's response on %s broke mid-stream (%s); the client's stream was cut",
-                route.label, type(e).__name__,
-            )  # fmt: skip
+                route.label,
+                type(e).__name__,
+            )
             _break(request, response)
             return EndKind.UPSTREAM_BROKEN, "connection to the frontend broke"
         await response.write_eof()
@@ -342,10 +361,12 @@ class ProxyHandler:
         if self.not_mirrored is not None and route.mirrored:
             self.not_mirrored("too_large")
         self.oplog.log(
-            "too_large", logging.WARNING,
+            "too_large",
+            logging.WARNING,
             "answered 413 on %s: the request body exceeds upstream.max_request_bytes (%d)",
-            route.label, self.max_request_bytes,
-        )  # fmt: skip
+            route.label,
+            self.max_request_bytes,
+        )
         message = f"request body exceeds the proxy's limit of {self.max_request_bytes} bytes"
         response = error_response(
             413, message, "request_too_large", request_id, self.request_id_header
@@ -359,10 +380,13 @@ class ProxyHandler:
         if self.not_mirrored is not None and route.mirrored:
             self.not_mirrored("body_timeout")
         self.oplog.log(
-            "body_timeout", logging.WARNING,
+            "body_timeout",
+            logging.WARNING,
             "answered 408 on %s: the request body did not arrive within "
-            "listen.body_timeout_s (%.0fs)", route.label, self.body_timeout_s,
-        )  # fmt: skip
+            "listen.body_timeout_s (%.0fs)",
+            route.label,
+            self.body_timeout_s,
+        )
         message = f"the request body did not arrive within {self.body_timeout_s:g}s"
         response = error_response(
             408, message, "request_timeout", request_id, self.request_id_header

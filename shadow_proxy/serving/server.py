@@ -112,10 +112,12 @@ class ConnectionCap:
         if self.open >= self.limit:
             self.metrics.connections_refused.inc()
             self.oplog.log(
-                "cap", logging.WARNING,
+                "cap",
+                logging.WARNING,
                 "listen.max_connections (%d) reached: new client connections are "
-                "answered 503 and closed", self.limit,
-            )  # fmt: skip
+                "answered 503 and closed",
+                self.limit,
+            )
             return False
         self.open += 1
         self.metrics.client_connections.set(self.open)
@@ -200,8 +202,9 @@ class CappedSite(web.SockSite):
 
     __slots__ = ("_cap", "_settings")
 
-    def __init__(self, runner: web.AppRunner, sock: socket.socket, cap: ConnectionCap,
-                 settings: dict) -> None:  # fmt: skip
+    def __init__(
+        self, runner: web.AppRunner, sock: socket.socket, cap: ConnectionCap, settings: dict
+    ) -> None:
         super().__init__(runner, sock, backlog=BACKLOG)
         self._cap = cap
         self._settings = settings
@@ -295,8 +298,11 @@ async def serve(config: Config) -> None:
             log.warning(
                 "open files: the limit %d is below listen.max_connections + "
                 "upstream.max_connections + %d (%d): clients may be refused by the "
-                "system before the proxy's cap", after, FD_MARGIN, needed,
-            )  # fmt: skip
+                "system before the proxy's cap",
+                after,
+                FD_MARGIN,
+                needed,
+            )
         await stop.wait()
         log.info("stopping: in-flight streams get %.1fs", config.shutdown_grace_s)
 

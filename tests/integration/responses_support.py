@@ -87,8 +87,11 @@ class ResponsesView:
                 response = event.get("response")
                 if isinstance(response, dict):
                     response_id = response_id or response.get("id")
-                    if event["type"] in ("response.completed", "response.incomplete",
-                                         "response.failed"):  # fmt: skip
+                    if event["type"] in (
+                        "response.completed",
+                        "response.incomplete",
+                        "response.failed",
+                    ):
                         final = response
             if final is None:
                 return cls(None, None, None, response_id, False, None)

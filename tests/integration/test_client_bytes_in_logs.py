@@ -34,10 +34,27 @@ def secret(name: str) -> bytes:
 
 def probes() -> dict[str, bytes]:
     """name -> raw request; each holds ``secret(name)`` where the parser fails."""
-    s = {name: secret(name) for name in (
-        "ctl", "cr", "fold", "spacecolon", "bigheader", "bigline", "chunksize", "chunkdata",
-        "method", "target", "smuggle", "garbage", "headername", "nul", "clbad", "chunklate",
-    )}  # fmt: skip
+    s = {
+        name: secret(name)
+        for name in (
+            "ctl",
+            "cr",
+            "fold",
+            "spacecolon",
+            "bigheader",
+            "bigline",
+            "chunksize",
+            "chunkdata",
+            "method",
+            "target",
+            "smuggle",
+            "garbage",
+            "headername",
+            "nul",
+            "clbad",
+            "chunklate",
+        )
+    }
     host = b"Host: p\r\n"
     return {
         "ctl": b"GET / HTTP/1.1\r\n"

@@ -54,8 +54,14 @@ def everything(model_dirs: dict[str, Path], tmp_path_factory) -> dict[str, Any]:
 def over_nats(model_dirs: dict[str, Path], tmp_path_factory) -> dict[str, Any]:
     """``--transport nats --runs reference``, once for the module."""
     out_dir = tmp_path_factory.mktemp("demo-nats")
-    argv = ["--runs", "reference", "--transport", "nats",
-            "--tokenizer", str(model_dirs["deepseek"])]  # fmt: skip
+    argv = [
+        "--runs",
+        "reference",
+        "--transport",
+        "nats",
+        "--tokenizer",
+        str(model_dirs["deepseek"]),
+    ]
     return _run_demo(argv, out_dir)
 
 
@@ -170,10 +176,14 @@ class TestEveryRun:
         joined record's output token ids: the built-in frontend's streamed text,
         tokenized again by the tap worker), then more."""
         run = _run(everything, MULTI_TURN)
-        prompts = {r["request_id"]: r["request"]["token_ids"]
-                   for r in _envelopes(run["records"]["kv-history-tracker"])}  # fmt: skip
-        answers = {r["request_id"]: r["response"]["choices"][0]["token_ids"]
-                   for r in _envelopes(run["records"]["shadow-replay"])}  # fmt: skip
+        prompts = {
+            r["request_id"]: r["request"]["token_ids"]
+            for r in _envelopes(run["records"]["kv-history-tracker"])
+        }
+        answers = {
+            r["request_id"]: r["response"]["choices"][0]["token_ids"]
+            for r in _envelopes(run["records"]["shadow-replay"])
+        }
         assert len(prompts) == len(answers) == 160
         for conversation in range(20):
             for turn in range(1, 8):
@@ -222,8 +232,10 @@ class TestEveryRun:
         assert summary["exact_match_rate"] == round((200 - diverging) / 200, 6)
         assert summary["first_divergence"] == {"p50": 4.0, "p90": 4.0, "p99": 4.0}
         assert summary["differences"]["output"] == {
-            "differs": diverging, "noise": 0, "counted": diverging,
-        }  # fmt: skip
+            "differs": diverging,
+            "noise": 0,
+            "counted": diverging,
+        }
         assert summary["ttft_ms"]["verdict"] == summary["itl_ms"]["verdict"] == "higher"
         # The candidate is 50 ms slower to its first token: about 70 ms against 20.
         assert summary["ttft_ms"]["candidate"]["p50"] - summary["ttft_ms"]["baseline"]["p50"] > 35

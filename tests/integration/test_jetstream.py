@@ -121,10 +121,19 @@ class TestSameAsZeroMQ:
         for zmq_tap, nats_tap in zip(zmq_taps, nats_taps, strict=True):
             over_zmq = accounts_of(readers[zmq_tap["name"]]).summary(0.0)
             over_nats = await consumer_cli(
-                "--nats", nats_server.urls[0], "--tap", nats_tap["name"],
-                "--topic", nats_tap["topic"], "--durable", f"equal-{nats_tap['name']}",
-                "--max-records", str(sent), "--duration", "30",
-            )  # fmt: skip
+                "--nats",
+                nats_server.urls[0],
+                "--tap",
+                nats_tap["name"],
+                "--topic",
+                nats_tap["topic"],
+                "--durable",
+                f"equal-{nats_tap['name']}",
+                "--max-records",
+                str(sent),
+                "--duration",
+                "30",
+            )
             assert over_nats["records"] == sent
             assert comparable(over_nats) == comparable(over_zmq)
             for summary in (over_nats, over_zmq):
@@ -181,10 +190,19 @@ class TestClusterFailover:
             seqs = sorted(int(m.headers["Shadow-Seq"]) for m in messages)
             assert seqs == list(range(requests)), "every record exactly once"
             totals = await consumer_cli(
-                "--nats", nats_cluster.urls[1], "--tap", tap["name"], "--topic", tap["topic"],
-                "--durable", f"failover-{tap['name']}", "--max-records", str(requests),
-                "--duration", "30",
-            )  # fmt: skip
+                "--nats",
+                nats_cluster.urls[1],
+                "--tap",
+                tap["name"],
+                "--topic",
+                tap["topic"],
+                "--durable",
+                f"failover-{tap['name']}",
+                "--max-records",
+                str(requests),
+                "--duration",
+                "30",
+            )
             assert totals["records"] == requests
             assert totals["duplicates"] == totals["tap_gaps"] == 0
             if tap["capture"] == "request":
@@ -213,9 +231,13 @@ class TestServersStopped:
 
         async def load(url: str, requests: int) -> dict[str, Any]:
             spec = LoadSpec(
-                url=url, model=MODEL, requests=requests, concurrency=8, prompt_tokens=64,
+                url=url,
+                model=MODEL,
+                requests=requests,
+                concurrency=8,
+                prompt_tokens=64,
                 output_tokens=8,
-            )  # fmt: skip
+            )
             summary = (await run_load(spec)).summary()
             assert (summary["ok"], summary["errors"]) == (requests, 0)
             return summary
@@ -272,8 +294,14 @@ class TestStartUp:
             async with frontend(model_dirs, itl_ms=1.0) as url_frontend:
                 config = jetstream_config(url_frontend, model_dirs, cluster.urls, tap)
                 async with run_proxy(config) as (url, registry, app):
-                    spec = LoadSpec(url=url, model=MODEL, requests=10, concurrency=4,
-                                    prompt_tokens=32, output_tokens=4)  # fmt: skip
+                    spec = LoadSpec(
+                        url=url,
+                        model=MODEL,
+                        requests=10,
+                        concurrency=4,
+                        prompt_tokens=32,
+                        output_tokens=4,
+                    )
                     summary = (await run_load(spec)).summary()
                     assert (summary["ok"], summary["errors"]) == (10, 0)
                     await wait_until(lambda: tap_state(app).get("kv", {}).get("queued") == 10, 10)

@@ -37,11 +37,27 @@ def start_consumer(
     urls: list[str], durable: str, directory: Path, name: str, stderr: Any = subprocess.PIPE
 ) -> subprocess.Popen:
     argv = [
-        sys.executable, "-m", "shadow_proxy.cli", "--log-level", "warning", "consumer",
-        "--nats", urls[0], "--tap", TAP, "--durable", durable, "--ack-wait", "2",
-        "--interval", "0.1", "--record", str(directory / f"{name}.records"),
-        "--summary-path", str(directory / f"{name}.json"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "shadow_proxy.cli",
+        "--log-level",
+        "warning",
+        "consumer",
+        "--nats",
+        urls[0],
+        "--tap",
+        TAP,
+        "--durable",
+        durable,
+        "--ack-wait",
+        "2",
+        "--interval",
+        "0.1",
+        "--record",
+        str(directory / f"{name}.records"),
+        "--summary-path",
+        str(directory / f"{name}.json"),
+    ]
     return subprocess.Popen(
         argv,
         cwd=ROOT,

@@ -271,10 +271,15 @@ class TestComplete:
         assert usage is not None and len(ids) == 1
         [(full, lean)] = await stack.records(rid)
         check_complete(
-            stack, full, lean,
-            texts=["".join(pieces)], upstream_id=ids.pop(),
-            output_tokens=usage["completion_tokens"], content_chunks=chunks, usage=usage,
-        )  # fmt: skip
+            stack,
+            full,
+            lean,
+            texts=["".join(pieces)],
+            upstream_id=ids.pop(),
+            output_tokens=usage["completion_tokens"],
+            content_chunks=chunks,
+            usage=usage,
+        )
 
     async def test_chat_stream_without_usage(self, stack: Stack):
         """Without usage the count is the retokenized text: one token per chunk
@@ -291,10 +296,15 @@ class TestComplete:
                 pieces.append(chunk.choices[0].delta.content)
         [(full, lean)] = await stack.records(rid)
         check_complete(
-            stack, full, lean,
-            texts=["".join(pieces)], upstream_id=ids.pop(),
-            output_tokens=len(pieces), content_chunks=len(pieces), usage=None,
-        )  # fmt: skip
+            stack,
+            full,
+            lean,
+            texts=["".join(pieces)],
+            upstream_id=ids.pop(),
+            output_tokens=len(pieces),
+            content_chunks=len(pieces),
+            usage=None,
+        )
 
     async def test_chat_unary(self, stack: Stack):
         rid = new_id("chat-unary")
@@ -304,10 +314,15 @@ class TestComplete:
         usage = answer.usage.model_dump(exclude_none=True)
         [(full, lean)] = await stack.records(rid)
         check_complete(
-            stack, full, lean,
-            texts=[answer.choices[0].message.content], upstream_id=answer.id,
-            output_tokens=usage["completion_tokens"], content_chunks=1, usage=usage,
-        )  # fmt: skip
+            stack,
+            full,
+            lean,
+            texts=[answer.choices[0].message.content],
+            upstream_id=answer.id,
+            output_tokens=usage["completion_tokens"],
+            content_chunks=1,
+            usage=usage,
+        )
 
     async def test_completions_stream(self, stack: Stack):
         rid = new_id("cmpl-stream")
@@ -329,10 +344,15 @@ class TestComplete:
         assert usage is not None
         [(full, lean)] = await stack.records(rid)
         check_complete(
-            stack, full, lean,
-            texts=["".join(pieces)], upstream_id=ids.pop(),
-            output_tokens=usage["completion_tokens"], content_chunks=len(pieces), usage=usage,
-        )  # fmt: skip
+            stack,
+            full,
+            lean,
+            texts=["".join(pieces)],
+            upstream_id=ids.pop(),
+            output_tokens=usage["completion_tokens"],
+            content_chunks=len(pieces),
+            usage=usage,
+        )
 
     async def test_completions_unary(self, stack: Stack):
         rid = new_id("cmpl-unary")
@@ -342,10 +362,15 @@ class TestComplete:
         usage = answer.usage.model_dump(exclude_none=True)
         [(full, lean)] = await stack.records(rid)
         check_complete(
-            stack, full, lean,
-            texts=[answer.choices[0].text], upstream_id=answer.id,
-            output_tokens=usage["completion_tokens"], content_chunks=1, usage=usage,
-        )  # fmt: skip
+            stack,
+            full,
+            lean,
+            texts=[answer.choices[0].text],
+            upstream_id=answer.id,
+            output_tokens=usage["completion_tokens"],
+            content_chunks=1,
+            usage=usage,
+        )
 
     async def test_two_choices_complete(self, stack: Stack):
         rid = new_id("n2")
@@ -371,10 +396,15 @@ class TestComplete:
         assert usage is not None and usage["completion_tokens"] == 12
         [(full, lean)] = await stack.records(rid)
         check_complete(
-            stack, full, lean,
-            texts=["".join(pieces[0]), "".join(pieces[1])], upstream_id=ids.pop(),
-            output_tokens=12, content_chunks=chunks, usage=usage,
-        )  # fmt: skip
+            stack,
+            full,
+            lean,
+            texts=["".join(pieces[0]), "".join(pieces[1])],
+            upstream_id=ids.pop(),
+            output_tokens=12,
+            content_chunks=chunks,
+            usage=usage,
+        )
         assert [c["output_tokens"] for c in full["choices"]] == [6, 6]
 
 
@@ -429,9 +459,9 @@ class TestCancelled:
             assert len(arrived) <= response["output_tokens"] < 400
             assert "finish_reason" not in response["choices"][0]
             check_offsets(response)
-        assert full["choices"][0]["text"].startswith("".join(
-            e["choices"][0]["delta"]["content"] for e in arrived
-        ))  # fmt: skip
+        assert full["choices"][0]["text"].startswith(
+            "".join(e["choices"][0]["delta"]["content"] for e in arrived)
+        )
         # The frontend stopped generating too.
         await wait_until(lambda: stats.requests_cancelled > cancelled_before)
 

@@ -83,8 +83,12 @@ class Load:
         while not self.stopping.is_set():
             n += 1
             content = f"client {k} request {n}"
-            body = {"model": "deepseek", "stream": True, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": content}]}  # fmt: skip
+            body = {
+                "model": "deepseek",
+                "stream": True,
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": content}],
+            }
             request_id = None
             try:
                 async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -138,8 +142,10 @@ async def test_kill_loop(tmp_path, model_dirs):
                     kills["worker"] += 1
                     await wait_until(
                         lambda p=proxy, m=main: worker_pid(p) not in (m, None),
-                        RESTART_S, 0.2, what="the worker started again",
-                    )  # fmt: skip
+                        RESTART_S,
+                        0.2,
+                        what="the worker started again",
+                    )
                     restarts = sample(await proxy.metrics(), "shadow_worker_restarts_total")
                     assert restarts >= 1
         finally:
@@ -169,9 +175,11 @@ async def test_kill_loop(tmp_path, model_dirs):
             assert len(ids) == len(set(ids)), f"{name}: a request recorded twice"
             missing = load.completed - set(ids)
             counted = summary["tap_gaps"] + summary["tail_loss"]
-            print(f"{name}: {len(load.completed)} answered in full, {len(load.cut)} cut, "
-                  f"{load.failed} unanswered; {len(ids)} records, {len(missing)} answered "
-                  f"requests without one, {counted} counted lost; kills {kills}")  # fmt: skip
+            print(
+                f"{name}: {len(load.completed)} answered in full, {len(load.cut)} cut, "
+                f"{load.failed} unanswered; {len(ids)} records, {len(missing)} answered "
+                f"requests without one, {counted} counted lost; kills {kills}"
+            )
             assert len(missing) <= counted, (name, len(missing), summary)
             assert counted <= len(missing) + len(load.cut) + load.failed, (name, summary)
     finally:

@@ -57,12 +57,14 @@ def exported(model_dirs) -> set[str]:
                 fe,
                 models={"deepseek": model_dirs["deepseek"]},
                 taps=[
-                    {"name": "kv", "capture": "request",
-                     "endpoint": reserve_endpoint()},
-                    {"name": "replay", "capture": "request_response",
-                     "endpoint": reserve_endpoint()},
+                    {"name": "kv", "capture": "request", "endpoint": reserve_endpoint()},
+                    {
+                        "name": "replay",
+                        "capture": "request_response",
+                        "endpoint": reserve_endpoint(),
+                    },
                 ],
-            )  # fmt: skip
+            )
             async with run_proxy(config) as (url, registry, _), aiohttp.ClientSession() as s:
                 body = {
                     "model": "deepseek",

@@ -25,10 +25,12 @@ SECRET = b"sk-SECRET-visibility-91c2"
 
 def chat(body: bytes) -> bytes:
     return (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer " + SECRET
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer "
+        + SECRET
         + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-        % len(body) + body
-    )  # fmt: skip
+        % len(body)
+        + body
+    )
 
 
 def body_of(size: int) -> bytes:

@@ -72,8 +72,15 @@ class TestStalledWorker:
                 assert max(waits) < 0.5, waits  # the clients never waited for the worker
                 for i in range(4):
                     await request(10 + i)
-                late = lambda: sample(registry, "shadow_tap_dropped_total", tap="kv",  # noqa: E731
-                                      reason="late")  # fmt: skip
+
+                def late():
+                    return sample(
+                        registry,
+                        "shadow_tap_dropped_total",
+                        tap="kv",
+                        reason="late",
+                    )
+
                 await wait_for(lambda: consumer.has(4) and late() == 6, timeout=10)
                 await asyncio.sleep(1.5)
                 assert len(consumer.records) == 4

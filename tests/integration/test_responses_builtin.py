@@ -47,11 +47,21 @@ async def stack(model_dirs: dict[str, Path]) -> AsyncIterator[Stack]:
     config = MockConfig(models={MODEL: model_dirs[MODEL]}, itl_ms=2)
     ports = {JOINED: reserve_port(), REQUESTS: reserve_port()}
     taps = [
-        {"name": REQUESTS, "topic": REQUESTS, "capture": "request",
-         "endpoint": f"tcp://127.0.0.1:{ports[REQUESTS]}"},
-        {"name": JOINED, "topic": JOINED, "capture": "request_response", "emit": "joined",
-         "response": {"text": True}, "endpoint": f"tcp://127.0.0.1:{ports[JOINED]}"},
-    ]  # fmt: skip
+        {
+            "name": REQUESTS,
+            "topic": REQUESTS,
+            "capture": "request",
+            "endpoint": f"tcp://127.0.0.1:{ports[REQUESTS]}",
+        },
+        {
+            "name": JOINED,
+            "topic": JOINED,
+            "capture": "request_response",
+            "emit": "joined",
+            "response": {"text": True},
+            "endpoint": f"tcp://127.0.0.1:{ports[JOINED]}",
+        },
+    ]
     async with serve_mock_frontend(config, load_models(config)) as (frontend_url, app):
         proxy = proxy_config(
             frontend_url,

@@ -89,10 +89,17 @@ async def test_wrong_keys_are_refused_and_the_right_one_reads(tmp_path, model_di
             sub(context, endpoint, key_root / "stranger.key", key_root / "client.key_secret"),
         ]
         args = argparse.Namespace(
-            sources=[], endpoint=[endpoint], topic=TOPIC, discover=None, tap=None, nats=None,
-            stream="SHADOW", durable=None, curve_server_key=str(key_root / "server.key"),
+            sources=[],
+            endpoint=[endpoint],
+            topic=TOPIC,
+            discover=None,
+            tap=None,
+            nats=None,
+            stream="SHADOW",
+            durable=None,
+            curve_server_key=str(key_root / "server.key"),
             curve_client_key=str(key_root / "client.key_secret"),
-        )  # fmt: skip
+        )
         source = sources.open_source(args, heartbeats=True)
         try:
             await proxy.wait_ready()

@@ -562,9 +562,13 @@ class TestNotMirrored:
 def write_proxy_config(tmp_path: Path, upstream: str, model_dir: Path, *taps: dict) -> tuple:
     port = reserve_port()
     mapping = reference_taps.proxy_config(
-        upstream, port=port, models={"deepseek": model_dir}, taps=taps, shutdown_grace_s=5,
+        upstream,
+        port=port,
+        models={"deepseek": model_dir},
+        taps=taps,
+        shutdown_grace_s=5,
         worker=TEST_WORKER,
-    )  # fmt: skip
+    )
     path = reference_taps.write_config(tmp_path / "proxy.yaml", mapping)
     return path, f"http://127.0.0.1:{port}"
 

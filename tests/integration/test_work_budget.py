@@ -147,9 +147,12 @@ class TestRecycle:
     async def test_replaced_without_loss(self, model_dirs, context):
         async with serve(plain_frontend()) as frontend:
             config = config_for(
-                frontend, model_dirs, tap("kv"), tap("replay", "request_response"),
+                frontend,
+                model_dirs,
+                tap("kv"),
+                tap("replay", "request_response"),
                 max_rss_mb=64,  # below any shard: the first is replaced after its first request
-            )  # fmt: skip
+            )
             async with run_proxy(config) as (url, registry, app), aiohttp.ClientSession() as s:
                 consumers = {t.name: Consumer(context, t.endpoint, t.topic) for t in config.taps}
                 for consumer in consumers.values():

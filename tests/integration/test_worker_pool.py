@@ -142,8 +142,15 @@ class TestShardKilled:
             await wait_for(lambda: kv.has(12), timeout=20)  # every request preprocessed
             victim = shard_pids(app[TAPS].process.pid)[0]
             os.kill(victim, signal.SIGKILL)
-            died = lambda tap: sample(registry, "shadow_tap_dropped_total", tap=tap,  # noqa: E731
-                                      reason="worker_died")  # fmt: skip
+
+            def died(tap):
+                return sample(
+                    registry,
+                    "shadow_tap_dropped_total",
+                    tap=tap,
+                    reason="worker_died",
+                )
+
             await wait_for(lambda: died("replay") == 5, timeout=10)
             await cancel(tasks)  # the other shard's five end as cancelled records
             await wait_for(
@@ -196,13 +203,21 @@ class TestMainKilled:
 
             def final_heartbeat() -> int:
                 replay.poll()
-                beats = [hb.next_seq for _, hb in replay.heartbeats if
-                         hb.publisher_id == old_publisher]  # fmt: skip
+                beats = [
+                    hb.next_seq for _, hb in replay.heartbeats if hb.publisher_id == old_publisher
+                ]
                 return max(beats, default=0)
 
             await wait_for(lambda: final_heartbeat() == 12, timeout=10)
-            died = lambda tap: sample(registry, "shadow_tap_dropped_total", tap=tap,  # noqa: E731
-                                      reason="worker_died")  # fmt: skip
+
+            def died(tap):
+                return sample(
+                    registry,
+                    "shadow_tap_dropped_total",
+                    tap=tap,
+                    reason="worker_died",
+                )
+
             assert died("replay") == 10 and died("kv") == 0
             after = tap_counters(registry)
             for key, value in before.items():

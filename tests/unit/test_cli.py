@@ -45,8 +45,10 @@ class TestServe:
         path.write_text(VALID + "listen: {prot: 1}\n")
         assert cli.main(["serve", "--config", str(path)]) == cli.EXIT_CONFIG == 2
         err = capsys.readouterr().err.splitlines()
-        assert err == [f"shadow-proxy: {path}:3: 'listen.prot' is not a known key; "
-                       "expected one of body_timeout_s, host, max_connections, port"]  # fmt: skip
+        assert err == [
+            f"shadow-proxy: {path}:3: 'listen.prot' is not a known key; "
+            "expected one of body_timeout_s, host, max_connections, port"
+        ]
 
     def test_unknown_arguments(self, capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as caught:
@@ -65,9 +67,16 @@ class TestSubcommands:
         writer = files.RecordFile(path, max_bytes=2**20, keep=1)
         for seq in range(3):
             record = envelope.build_envelope(
-                tap="a", seq=seq, request_id=f"r{seq}", origin="chat", filters=[],
-                arrival_unix_ns=1, sample_rate=1.0, request={"token_ids": [1, 2]}, response=None,
-            )  # fmt: skip
+                tap="a",
+                seq=seq,
+                request_id=f"r{seq}",
+                origin="chat",
+                filters=[],
+                arrival_unix_ns=1,
+                sample_rate=1.0,
+                request={"token_ids": [1, 2]},
+                response=None,
+            )
             writer.write(wire.Message("t", 5, seq, 0, wire.encode_envelope(record)))
         writer.close()
         assert cli.main(["--log-level", "error", "consumer", str(path)]) == 0

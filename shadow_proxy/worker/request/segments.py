@@ -64,10 +64,21 @@ _POSITION_FREE_PRE_TOKENIZERS = frozenset(
 )
 _KNOWN_NORMALIZERS = frozenset(
     {
-        "NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents", "Replace",
-        "Prepend", "BertNormalizer", "Precompiled", "Nmt", "ByteLevel",
+        "NFC",
+        "NFD",
+        "NFKC",
+        "NFKD",
+        "Lowercase",
+        "Strip",
+        "StripAccents",
+        "Replace",
+        "Prepend",
+        "BertNormalizer",
+        "Precompiled",
+        "Nmt",
+        "ByteLevel",
     }
-)  # fmt: skip
+)
 #: Post-processors that add nothing when ``add_special_tokens`` is false.
 _QUIET_POST_PROCESSORS = frozenset(
     {"ByteLevel", "TemplateProcessing", "BertProcessing", "RobertaProcessing"}

@@ -26,14 +26,16 @@ def for_prompt(final: FinalResponse, index: int, n: int) -> FinalResponse:
     observed = final.observed
     low = index * n
     keep = [k for k, c in enumerate(observed.choices) if low <= c.index < low + n]
-    choices = tuple(attrs.evolve(observed.choices[k], index=observed.choices[k].index - low)
-                    for k in keep)  # fmt: skip
+    choices = tuple(
+        attrs.evolve(observed.choices[k], index=observed.choices[k].index - low) for k in keep
+    )
     outcome, error = observed.outcome, observed.error
     if outcome != "cancelled":
         # The exchange's own errors (status, events, a broken stream) hold for every
         # prompt; a choice that finished with an error only for its prompt.
-        by_choice = any(c.finish_reason and is_error_reason(c.finish_reason)
-                        for c in observed.choices)  # fmt: skip
+        by_choice = any(
+            c.finish_reason and is_error_reason(c.finish_reason) for c in observed.choices
+        )
         outcome, error = decide(
             observed.end,
             "",

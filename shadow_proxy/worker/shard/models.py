@@ -77,8 +77,9 @@ def load_models(config: Config) -> dict[str, LoadedModel]:
             if model.chat_template is not None:
                 encoder.learn_answer_gap(model.chat_template.render)
             if encoder.fallback_reason:
-                log.warning("model %r: prompts encoded in full (%s)", entry.name,
-                            encoder.fallback_reason)  # fmt: skip
+                log.warning(
+                    "model %r: prompts encoded in full (%s)", entry.name, encoder.fallback_reason
+                )
         limit = budget.prompt_bytes(model.context_length, longest_token_bytes(model.backend))
         models[entry.name] = attrs.evolve(model, prompt_encoder=encoder, max_prompt_bytes=limit)
     return models

@@ -33,14 +33,20 @@ class TestRoundTrip:
             control.Failed("model 'm': no tokenizer.json in '/x'"),
             control.Snapshot(
                 generation=3,
-                families=[["shadow_tap_queued", "counter", "doc",
-                           [["shadow_tap_queued_total", {"tap": "kv"}, 3.0]]]],
+                families=[
+                    [
+                        "shadow_tap_queued",
+                        "counter",
+                        "doc",
+                        [["shadow_tap_queued_total", {"tap": "kv"}, 3.0]],
+                    ]
+                ],
                 taps=(control.TapCounters(next_seq=3, queued=3, dropped={"full": 0}),),
             ),
             control.Snapshot(generation=1, families=[], taps=()),
         ],
         ids=["ready", "failed", "snapshot", "final-snapshot"],
-    )  # fmt: skip
+    )
     def test_round_trip(self, message: control.ControlMessage) -> None:
         assert control.decode(control.encode(message)) == message
 

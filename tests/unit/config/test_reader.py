@@ -79,9 +79,12 @@ class TestGet:
     def test_check(self, doc: Lines) -> None:
         with pytest.raises(ConfigError, match=r"^f\.yaml:3: 'section\.port' must be at least 9000"):
             Reader("f.yaml").get(
-                doc["section"], "port", "section.", int,
+                doc["section"],
+                "port",
+                "section.",
+                int,
                 check=lambda v: None if v >= 9000 else "must be at least 9000",
-            )  # fmt: skip
+            )
 
 
 class TestSections:

@@ -39,8 +39,11 @@ class TestDefaults:
     def test_response_options(self) -> None:
         options = ResponseOptions()
         assert (options.tokens, options.text, options.max_tokens, options.chunk_timing) == (
-            True, False, None, False,
-        )  # fmt: skip
+            True,
+            False,
+            None,
+            False,
+        )
 
     def test_worker(self) -> None:
         worker = WorkerOptions()
@@ -54,8 +57,12 @@ class TestDefaults:
     def test_tap(self) -> None:
         t = tap("request")
         assert (t.models, t.sample, t.sample_by, t.response, t.capacity) == (
-            (), 1.0, "request", None, 1024,
-        )  # fmt: skip
+            (),
+            1.0,
+            "request",
+            None,
+            1024,
+        )
         assert ModelEntry("m", "/d").context_length is None
         assert ModelEntry("m", "/d").template_engine == "minijinja"
 

@@ -28,9 +28,16 @@ DYNAMO_FIELDS = (
 
 def request(**overrides) -> PreprocessedRequest:
     return PreprocessedRequest(
-        **{"model": "m", "token_ids": [1], "stop_conditions": {}, "sampling_options": {},
-           "output_options": {}, "eos_token_ids": [2], **overrides}
-    )  # fmt: skip
+        **{
+            "model": "m",
+            "token_ids": [1],
+            "stop_conditions": {},
+            "sampling_options": {},
+            "output_options": {},
+            "eos_token_ids": [2],
+            **overrides,
+        }
+    )
 
 
 def test_field_names_are_dynamos() -> None:

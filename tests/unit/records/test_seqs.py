@@ -78,8 +78,11 @@ class TestTail:
         tracker.anchor(10)
         tracker.confirm_end(13)
         assert (tracker.tail_loss(), tracker.gaps(), tracker.first, tracker.last) == (
-            3, 0, None, None,
-        )  # fmt: skip
+            3,
+            0,
+            None,
+            None,
+        )
 
     def test_a_late_arrival_into_a_written_off_hole_is_a_duplicate(self):
         tracker = SeqTracker(max_holes=1)

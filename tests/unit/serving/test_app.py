@@ -49,8 +49,10 @@ class TestOwnEndpoints:
         assert value("shadow_proxy_requests_total", {"route": "other", "status_class": "4xx"}) == 1
         assert value("shadow_proxy_requests_total", {"route": "chat", "status_class": "2xx"}) == 1
         assert value("shadow_proxy_upstream_ttfb_seconds_count", {"route": "chat"}) == 1
-        assert value("shadow_proxy_request_duration_seconds_bucket",
-                     {"route": "chat", "le": "1200.0"}) == 1  # fmt: skip
+        assert (
+            value("shadow_proxy_request_duration_seconds_bucket", {"route": "chat", "le": "1200.0"})
+            == 1
+        )
         assert value("shadow_proxy_in_flight_requests") == 0
 
 

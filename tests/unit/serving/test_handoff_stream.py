@@ -126,8 +126,15 @@ class TestDeadWorker:
         await wait_for(lambda: not handoff.worker_alive)
         for i in range(3):  # while no worker is there
             assert handoff.open(Route.CHAT, f"d{i}", b"{}", 1, 1) is None
-        state = cp.TapState(name="kv", publisher_id=9, next_seq=2, resolved=2, published=1,
-                            queued=2, next_transport=1)  # fmt: skip
+        state = cp.TapState(
+            name="kv",
+            publisher_id=9,
+            next_seq=2,
+            resolved=2,
+            published=1,
+            queued=2,
+            next_transport=1,
+        )
         handoff.worker_died(cp.Checkpoint(1, 0, (state,)))
         handoff.generation = 2
         worker = await connected(handoff, tmp_path / "h")

@@ -20,9 +20,12 @@ def headers(*pairs: tuple[str, str]) -> CIMultiDictProxy[str]:
 
 def upstream(*pairs: tuple[str, str], peer: str | None = "10.0.0.9") -> CIMultiDict[str]:
     return upstream_request_headers(
-        headers(*pairs), request_id_header="x-request-id", request_id="rid-1", peer=peer,
+        headers(*pairs),
+        request_id_header="x-request-id",
+        request_id="rid-1",
+        peer=peer,
         scheme="http",
-    )  # fmt: skip
+    )
 
 
 class TestUpstreamRequest:
@@ -74,20 +77,28 @@ class TestClientResponse:
 
     def test_hop_by_hop_go_and_the_id_is_added(self) -> None:
         out = client_response_headers(
-            headers(("Connection", "X-Private"), ("X-Private", "1"), ("Transfer-Encoding", "x"),
-                    ("Content-Type", "text/event-stream"), ("X-Public", "2")),
+            headers(
+                ("Connection", "X-Private"),
+                ("X-Private", "1"),
+                ("Transfer-Encoding", "x"),
+                ("Content-Type", "text/event-stream"),
+                ("X-Public", "2"),
+            ),
             request_id_header="x-request-id",
             request_id="rid-1",
-        )  # fmt: skip
+        )
         assert dict(out) == {
-            "Content-Type": "text/event-stream", "X-Public": "2", "x-request-id": "rid-1",
-        }  # fmt: skip
+            "Content-Type": "text/event-stream",
+            "X-Public": "2",
+            "x-request-id": "rid-1",
+        }
 
     def test_the_frontends_id_is_kept(self) -> None:
         out = client_response_headers(
-            headers(("X-Request-Id", "frontend")), request_id_header="x-request-id",
+            headers(("X-Request-Id", "frontend")),
+            request_id_header="x-request-id",
             request_id="rid-1",
-        )  # fmt: skip
+        )
         assert out.getall("x-request-id") == ["frontend"]
 
     def test_content_encoding_passes(self) -> None:

@@ -49,9 +49,14 @@ class TestClientErrorFilter:
         except BaseException as e:
             info = (type(e), e, e.__traceback__)
         return logging.LogRecord(
-            "aiohttp.server", logging.ERROR, __file__, 1, "Error handling request from %s",
-            args, info,
-        )  # fmt: skip
+            "aiohttp.server",
+            logging.ERROR,
+            __file__,
+            1,
+            "Error handling request from %s",
+            args,
+            info,
+        )
 
     def test_rewrites_to_kind_and_peer(self):
         record = self.record(hx.InvalidHeader(b"Authorization: sk-SECRET\x01"), "10.0.0.7")

@@ -17,9 +17,18 @@ from shadow_proxy.serving.metrics import (
 
 @pytest.mark.parametrize(
     ("status", "label"),
-    [(100, "1xx"), (200, "2xx"), (204, "2xx"), (304, "3xx"), (404, "4xx"), (599, "5xx"),
-     (99, "other"), (600, "other"), (0, "other")],
-)  # fmt: skip
+    [
+        (100, "1xx"),
+        (200, "2xx"),
+        (204, "2xx"),
+        (304, "3xx"),
+        (404, "4xx"),
+        (599, "5xx"),
+        (99, "other"),
+        (600, "other"),
+        (0, "other"),
+    ],
+)
 def test_status_class(status: int, label: str) -> None:
     assert status_class(status) == label
 
@@ -70,8 +79,12 @@ class TestWorkerMetricsRelay:
 
     @staticmethod
     def family(value: float) -> list:
-        return ["shadow_tap_queued", "counter", "Records queued.",
-                [["shadow_tap_queued_total", {"tap": "kv"}, value]]]  # fmt: skip
+        return [
+            "shadow_tap_queued",
+            "counter",
+            "Records queued.",
+            [["shadow_tap_queued_total", {"tap": "kv"}, value]],
+        ]
 
     def test_relays_the_latest_snapshot(self) -> None:
         registry = CollectorRegistry()

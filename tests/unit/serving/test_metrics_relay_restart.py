@@ -12,15 +12,31 @@ from shadow_proxy.serving.metrics import WorkerMetricsRelay
 
 def snapshot(published: float, preprocessed: float, depth: float) -> list:
     return [
-        ["shadow_tap_published", "counter", "Records sent.",
-         [["shadow_tap_published_total", {"tap": "kv"}, published]]],
-        ["shadow_preprocess_seconds", "histogram", "Preprocessing.",
-         [["shadow_preprocess_seconds_count", {"route": "chat"}, preprocessed]]],
-        ["shadow_tap_queue_depth", "gauge", "Records waiting.",
-         [["shadow_tap_queue_depth", {"tap": "kv"}, depth]]],
-        ["shadow_not_mirrored", "counter", "Not mirrored.",
-         [["shadow_not_mirrored_total", {"reason": "unknown_model"}, 2.0]]],
-    ]  # fmt: skip
+        [
+            "shadow_tap_published",
+            "counter",
+            "Records sent.",
+            [["shadow_tap_published_total", {"tap": "kv"}, published]],
+        ],
+        [
+            "shadow_preprocess_seconds",
+            "histogram",
+            "Preprocessing.",
+            [["shadow_preprocess_seconds_count", {"route": "chat"}, preprocessed]],
+        ],
+        [
+            "shadow_tap_queue_depth",
+            "gauge",
+            "Records waiting.",
+            [["shadow_tap_queue_depth", {"tap": "kv"}, depth]],
+        ],
+        [
+            "shadow_not_mirrored",
+            "counter",
+            "Not mirrored.",
+            [["shadow_not_mirrored_total", {"reason": "unknown_model"}, 2.0]],
+        ],
+    ]
 
 
 class TestAcrossADeath:

@@ -28,16 +28,21 @@ def reference() -> bytes:
     duration = Histogram(
         "shadow_proxy_request_duration_seconds",
         "From request arrival to the end of the response sent to the client.",
-        ["route"], buckets=LATENCY_BUCKETS, registry=registry,
-    )  # fmt: skip
+        ["route"],
+        buckets=LATENCY_BUCKETS,
+        registry=registry,
+    )
     ttfb = Histogram(
         "shadow_proxy_upstream_ttfb_seconds",
         "From request arrival to the first body byte from the frontend "
         "(time to first token for streams).",
-        ["route"], buckets=LATENCY_BUCKETS, registry=registry,
-    )  # fmt: skip
-    in_flight = Gauge("shadow_proxy_in_flight_requests", "Requests being served now.",
-                      registry=registry)  # fmt: skip
+        ["route"],
+        buckets=LATENCY_BUCKETS,
+        registry=registry,
+    )
+    in_flight = Gauge(
+        "shadow_proxy_in_flight_requests", "Requests being served now.", registry=registry
+    )
     for route, status, seconds, first in OBSERVATIONS:
         in_flight.inc()
         if first is not None:

@@ -99,9 +99,13 @@ class TestHeaders:
                 s,
                 "GET",
                 purl + "/hop",
-                headers={"Connection": "keep-alive, X-Secret-Hop", "X-Secret-Hop": "1",
-                         "TE": "trailers", "X-Kept": "yes"},
-            )  # fmt: skip
+                headers={
+                    "Connection": "keep-alive, X-Secret-Hop",
+                    "X-Secret-Hop": "1",
+                    "TE": "trailers",
+                    "X-Kept": "yes",
+                },
+            )
         seen = frontend.seen[-1]["headers"]
         assert "X-Secret-Hop" not in seen
         assert "TE" not in seen

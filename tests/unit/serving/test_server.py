@@ -38,8 +38,9 @@ async def started(**listen) -> AsyncIterator[tuple[Running, CollectorRegistry]]:
     frontend = Frontend()
     async with serve(frontend.app) as upstream:
         registry = CollectorRegistry()
-        async with running(config(upstream, **listen), registry=registry,
-                           sock=bound_socket()) as proxy:  # fmt: skip
+        async with running(
+            config(upstream, **listen), registry=registry, sock=bound_socket()
+        ) as proxy:
             yield proxy, registry
 
 

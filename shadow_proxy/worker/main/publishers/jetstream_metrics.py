@@ -24,8 +24,24 @@ from prometheus_client.registry import Collector
 #: From a publish to its acknowledgement, retries included: a healthy stream
 #: answers in milliseconds, a leader election takes seconds, an outage minutes.
 ACK_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
-)  # fmt: skip
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
 
 #: Why a stream check did not let the taps publish (``shadow_nats_stream_problems``).
 STREAM_PROBLEMS = ("subjects", "refused", "unavailable", "no_stream")

@@ -178,8 +178,14 @@ class TestLastWords:
 
     def test_tombstone_heartbeat(self, setup):
         publishing, sub, _, _ = setup
-        dead = cp.TapState(name="kv", publisher_id=77, next_seq=12, published=2, next_transport=2,
-                           dropped={"worker_died": 10})  # fmt: skip
+        dead = cp.TapState(
+            name="kv",
+            publisher_id=77,
+            next_seq=12,
+            published=2,
+            next_transport=2,
+            dropped={"worker_died": 10},
+        )
         publishing.on_hello(Hello(2, 0, (dead, cp.TapState(name="gone", publisher_id=78))))
         publishing.heartbeat()
         beats = [
@@ -215,13 +221,31 @@ class TestListingAndDrain:
             publishing.record(0, payload("r"), time.monotonic_ns())
             kv, replay = control.listing(publishing.tap_info(), publishing.tap_counters())
             assert set(kv) == {
-                "name", "topic", "endpoint", "capture", "filters", "models", "sample",
-                "capacity", "publisher_id", "next_seq", "queued", "published", "dropped",
-                "skipped", "publish_errors", "queue_depth", "transport", "curve",
-            }  # fmt: skip
+                "name",
+                "topic",
+                "endpoint",
+                "capture",
+                "filters",
+                "models",
+                "sample",
+                "capacity",
+                "publisher_id",
+                "next_seq",
+                "queued",
+                "published",
+                "dropped",
+                "skipped",
+                "publish_errors",
+                "queue_depth",
+                "transport",
+                "curve",
+            }
             assert (kv["name"], kv["endpoint"], kv["next_seq"], kv["queue_depth"]) == (
-                "kv", "inproc://kv", 1, 1,
-            )  # fmt: skip
+                "kv",
+                "inproc://kv",
+                1,
+                1,
+            )
             assert kv["publisher_id"] != replay["publisher_id"]
             assert (kv["transport"], replay["next_seq"]) == ("zmq", 0)
         finally:

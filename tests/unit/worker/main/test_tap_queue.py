@@ -11,8 +11,9 @@ from shadow_proxy.worker.main.tap_queue import TapQueue
 
 
 def queue(capacity: int = 2) -> TapQueue:
-    config = TapConfig("kv", "t", "request", "tcp://127.0.0.1:1", FilterSet.parse([]),
-                       capacity=capacity)  # fmt: skip
+    config = TapConfig(
+        "kv", "t", "request", "tcp://127.0.0.1:1", FilterSet.parse([]), capacity=capacity
+    )
     return TapQueue(config)
 
 
@@ -96,8 +97,9 @@ class TestTapQueues:
         from shadow_proxy.worker.main.tap_queue import TapQueues
         from shadow_proxy.worker.sink import EncodedRecord
 
-        config = TapConfig("kv", "t", "request", "tcp://127.0.0.1:1", FilterSet.parse([]),
-                           capacity=1)  # fmt: skip
+        config = TapConfig(
+            "kv", "t", "request", "tcp://127.0.0.1:1", FilterSet.parse([]), capacity=1
+        )
         sink = TapQueues([config])
         head = msgpack.Packer().pack_map_header(1) + msgpack.packb("seq")
         sink.drop(0, DropReason.EVICTED)

@@ -25,14 +25,57 @@ PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 # them, whitespace of all kinds (at segment edges too), combining marks that NFC
 # composes, digits the pre-tokenizers split, CJK, emoji.
 FRAGMENTS = [
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_", "start|>", "<|", "|>",
-    "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
-    "<｜tool▁output▁begin｜>", "<｜tool▁outputs▁begin｜>", "<｜place▁holder▁no▁1｜>",
-    "<｜place▁holder▁no▁10｜>", "<｜table｜>", "<think>", "</think>", "<｜", "｜>", "User｜>",
-    "▁", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\u2028", " \n ",
-    "e\u0301", "\u0301", "\u0308", "é", "12345", "3.14", "日本語テキスト", "中文", "문장",
-    "😀", "🚀✨", "def f(x):\n    return x", "Hello", " world", "!", "'s", "<", ">",
-]  # fmt: skip
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|im_",
+    "start|>",
+    "<|",
+    "|>",
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜place▁holder▁no▁1｜>",
+    "<｜place▁holder▁no▁10｜>",
+    "<｜table｜>",
+    "<think>",
+    "</think>",
+    "<｜",
+    "｜>",
+    "User｜>",
+    "▁",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r\n",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    " \n ",
+    "e\u0301",
+    "\u0301",
+    "\u0308",
+    "é",
+    "12345",
+    "3.14",
+    "日本語テキスト",
+    "中文",
+    "문장",
+    "😀",
+    "🚀✨",
+    "def f(x):\n    return x",
+    "Hello",
+    " world",
+    "!",
+    "'s",
+    "<",
+    ">",
+]
 CONTENT = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=10)), max_size=8).map(
     "".join
 )
@@ -94,16 +137,23 @@ class TestEnabledForLocalModels:
         ]
         pieces = encoder.segmenter.split(render(model, messages))
         assert [p for p in pieces if isinstance(p, str)] == [
-            "Be brief.", "first question", "first answer", "second",
-        ]  # fmt: skip
+            "Be brief.",
+            "first question",
+            "first answer",
+            "second",
+        ]
 
     def test_chatml_cuts_at_im_tokens(self, loaded, encoders):
         model, encoder = loaded["chatml"], encoders["chatml"]
         messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
         pieces = encoder.segmenter.split(render(model, messages))
         assert [p for p in pieces if isinstance(p, str)] == [
-            "user\nhi", "\n", "assistant\nyo", "\n", "assistant\n",
-        ]  # fmt: skip
+            "user\nhi",
+            "\n",
+            "assistant\nyo",
+            "\n",
+            "assistant\n",
+        ]
 
 
 class TestExactOnTemplatedConversations:
@@ -137,7 +187,7 @@ class TestExactOnTemplatedConversations:
             {"role": "user", "content": [{"type": "text", "text": t} for t in ("a", " ")]},
             {"role": "assistant", "content": ""},
             {"role": "user", "content": "<｜User｜> ok\u0301 "},
-        ]  # fmt: skip
+        ]
         body = json.dumps({"model": name, "messages": messages}).encode()
         pre = Preprocessor({name: model}).preprocess(Route.CHAT, body, 0)
         assert isinstance(pre, PreprocessedRequest)

@@ -27,8 +27,9 @@ def _tiny(pre_tokenizer=None, normalizer=None, model=None) -> Tokenizer:
 def _naive(tokenizer: Tokenizer, tokens: list[str], text: str) -> list[int]:
     """Cut at ``tokens`` without any check, as an unchecked segmenter would."""
     ids = {t: tokenizer.token_to_id(t) for t in tokens}
-    segmenter = Segmenter(raw=literal_regex(tokens), raw_ids=ids, normalized=None,
-                          normalized_ids={})  # fmt: skip
+    segmenter = Segmenter(
+        raw=literal_regex(tokens), raw_ids=ids, normalized=None, normalized_ids={}
+    )
     out: list[int] = []
     for piece in segmenter.split(text):
         out += [piece] if isinstance(piece, int) else tokenizer.encode(piece).ids
@@ -121,8 +122,9 @@ class TestFallbackWhereCuttingIsWrong:
 
     def test_probe_catches_a_wrong_segmenter(self):
         tokenizer = _tiny(pre_tokenizers.Metaspace(prepend_scheme="first"))
-        segmenter = Segmenter(raw=literal_regex(["<s>"]), raw_ids={"<s>": 0}, normalized=None,
-                              normalized_ids={})  # fmt: skip
+        segmenter = Segmenter(
+            raw=literal_regex(["<s>"]), raw_ids={"<s>": 0}, normalized=None, normalized_ids={}
+        )
         with pytest.raises(ValueError, match="probe"):
             probe(tokenizer, segmenter)
 

@@ -41,9 +41,11 @@ class TestChoices:
 
     def test_stream_with_interleaved_indices(self) -> None:
         body = sse(
-            comp("x", index=1), comp("y", index=0), comp("z", index=1, finish="stop"),
+            comp("x", index=1),
+            comp("y", index=0),
+            comp("z", index=1, finish="stop"),
             comp("", index=0, finish="length"),
-        )  # fmt: skip
+        )
         answer = final(body, n=2)
         assert [c.text for c in for_prompt(answer, 0, 1).observed.choices] == ["y"]
         assert [c.text for c in for_prompt(answer, 1, 1).observed.choices] == ["xz"]

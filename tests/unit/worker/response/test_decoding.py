@@ -47,8 +47,9 @@ class TestEncodings:
         body = json.dumps(comp("hello", finish="stop")).encode()
         packer = zlib.compressobj(wbits=wbits)
         packed = packer.compress(body) + packer.flush()
-        obs = observe(packed[:1], packed[1:], route=Route.COMPLETIONS, ctype=JSON,
-                      encoding="deflate")  # fmt: skip
+        obs = observe(
+            packed[:1], packed[1:], route=Route.COMPLETIONS, ctype=JSON, encoding="deflate"
+        )
         assert obs.outcome == "complete"
         assert obs.choices[0].text == "hello"
 
@@ -79,9 +80,17 @@ class TestBodyDecoder:
 
     @pytest.mark.parametrize(
         ("header", "kind"),
-        [("", "identity"), ("identity", "identity"), ("gzip", "gzip"), ("x-gzip", "gzip"),
-         ("Deflate", "deflate"), (" gzip , identity", "gzip"), ("br", "br"), ("zstd", "zstd")],
-    )  # fmt: skip
+        [
+            ("", "identity"),
+            ("identity", "identity"),
+            ("gzip", "gzip"),
+            ("x-gzip", "gzip"),
+            ("Deflate", "deflate"),
+            (" gzip , identity", "gzip"),
+            ("br", "br"),
+            ("zstd", "zstd"),
+        ],
+    )
     def test_for_header(self, header: str, kind: str) -> None:
         decoder = decoding.for_header(header)
         assert decoder is not None and decoder.kind == kind

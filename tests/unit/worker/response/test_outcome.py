@@ -52,8 +52,9 @@ class TestIncomplete:
 
     def test_unary_body_over_cap(self) -> None:
         raw = json.dumps(comp("z" * 5000, finish="stop")).encode()
-        obs = observe(raw[:3000], raw[3000:], route=Route.COMPLETIONS, ctype=JSON,
-                      max_unary_bytes=4096)  # fmt: skip
+        obs = observe(
+            raw[:3000], raw[3000:], route=Route.COMPLETIONS, ctype=JSON, max_unary_bytes=4096
+        )
         assert obs.outcome == "incomplete"
         assert obs.body_problem == "body over 4096 bytes"
 
@@ -62,8 +63,9 @@ class TestCancelled:
     """The client going away makes the outcome cancelled; what arrived is kept."""
 
     def test_client_gone_mid_stream(self) -> None:
-        obs = observe(sse(chat("abc"), done=False), sse(chat("de"), done=False),
-                      end=EndKind.CLIENT_GONE)  # fmt: skip
+        obs = observe(
+            sse(chat("abc"), done=False), sse(chat("de"), done=False), end=EndKind.CLIENT_GONE
+        )
         assert obs.outcome == "cancelled"
         rec = record(obs)
         assert rec["choices"] == [
@@ -105,8 +107,9 @@ class TestError:
         assert obs.malformed_events == 0
 
     def test_broken_stream(self) -> None:
-        obs = observe(sse(chat("abc"), done=False), end=EndKind.UPSTREAM_BROKEN,
-                      detail="connection reset")  # fmt: skip
+        obs = observe(
+            sse(chat("abc"), done=False), end=EndKind.UPSTREAM_BROKEN, detail="connection reset"
+        )
         assert (obs.outcome, obs.error) == ("error", "connection reset")
         assert record(obs)["choices"][0]["text"] == "abc"
 
@@ -182,8 +185,9 @@ class TestDecide:
         assert decide(status=503) == ("error", "HTTP 503")
         assert decide(status=503, error="overloaded") == ("error", "overloaded")
         assert decide(EndKind.UPSTREAM_FAILED, "connect timeout", status=504) == (
-            "error", "connect timeout",
-        )  # fmt: skip
+            "error",
+            "connect timeout",
+        )
 
     def test_error_in_the_body_wins_over_finished_choices(self) -> None:
         assert decide(error="worker died") == ("error", "worker died")
@@ -195,16 +199,18 @@ class TestDecide:
 
     def test_a_choice_finished_with_an_error(self) -> None:
         assert decide(finished=[(0, "stop"), (1, "error: oom")], n=2) == (
-            "error", "choice 1 finished with 'error: oom'",
-        )  # fmt: skip
+            "error",
+            "choice 1 finished with 'error: oom'",
+        )
 
     def test_incomplete(self) -> None:
         assert decide(finished=[(0, "stop")], n=2) == ("incomplete", None)
         assert decide(finished=[(0, None)]) == ("incomplete", None)
         assert decide(finished=[(0, "abort")]) == ("incomplete", None)
         assert decide(problem="unary body over the cap") == (
-            "incomplete", "unary body over the cap",
-        )  # fmt: skip
+            "incomplete",
+            "unary body over the cap",
+        )
         assert decide(problem="") == ("incomplete", None)
 
 

@@ -59,8 +59,11 @@ def request(n: int, body: dict[str, Any], *, rid: str = "", headers: bytes = b""
 
 def event(content: str | None = None, finish: str | None = None, **extra: Any) -> bytes:
     delta = {"content": content} if content is not None else {}
-    obj = {"id": "chatcmpl-1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-           **extra}  # fmt: skip
+    obj = {
+        "id": "chatcmpl-1",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        **extra,
+    }
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
@@ -103,8 +106,11 @@ class TestJoin:
         joiner.handle(request(1, chat_body(), rid="client-id"))
         [kv] = records(joiner, "kv")
         assert (kv["tap"], kv["seq"], kv["request_id"], kv["origin"]) == (
-            "kv", 0, "client-id", "chat",
-        )  # fmt: skip
+            "kv",
+            0,
+            "client-id",
+            "chat",
+        )
         assert kv["arrival_unix_ns"] == ARRIVAL_NS and "response" not in kv
         assert records(joiner, "replay") == []  # waits for the response
         joiner.handle(chunks(1, [event("Hel"), event("lo")], head=HEAD))
@@ -131,8 +137,9 @@ class TestJoin:
         assert reasons("shadow_not_mirrored_total", {"reason": "unknown_model"}) == 1
 
     def test_a_tap_for_other_models_skips(self, models) -> None:
-        joiner = joiner_for(config(REQUEST_TAP, {**REQUEST_TAP, "name": "other",
-                                             "models": ["chatml"]}), models)  # fmt: skip
+        joiner = joiner_for(
+            config(REQUEST_TAP, {**REQUEST_TAP, "name": "other", "models": ["chatml"]}), models
+        )
         joiner.handle(request(1, chat_body()))
         assert len(records(joiner, "kv")) == 1
         assert records(joiner, "other") == [] and queue(joiner, "other").skipped == {"models": 1}

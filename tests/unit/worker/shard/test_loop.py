@@ -159,8 +159,10 @@ class TestFailures:
         frames = [b"q" + KEY.pack(4) + b"short", b"rid", BODY]
         loop.on_message(stream_message(frames))
         assert sent(loop, main) == [
-            ("D", KV, "worker_error", 1), ("D", REPLAY, "worker_error", 1), ("K", [], True),
-        ]  # fmt: skip
+            ("D", KV, "worker_error", 1),
+            ("D", REPLAY, "worker_error", 1),
+            ("K", [], True),
+        ]
 
     def test_failing_end(self, shard):
         loop, main = shard

@@ -45,8 +45,9 @@ class TestModels:
         models["deepseek"].prompt_encoder.encode("hello there")
         families = {f.name: f for f in TokenizerMetrics(models).collect()}
         encoded = [
-            s.value for s in families["shadow_tokenizer_tokens"].samples
+            s.value
+            for s in families["shadow_tokenizer_tokens"].samples
             if s.labels == {"model": "deepseek", "source": "encoded"}
-        ]  # fmt: skip
+        ]
         assert encoded == [2]
         assert {s.value for s in families["shadow_tokenizer_incremental_processes"].samples} == {1}

@@ -117,10 +117,12 @@ class TestServer:
             make_server(pub, "a", tap)
             pub.bind("tcp://127.0.0.1:*")
             endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
-            stranger = self.subscriber(context, endpoint, keys / "server.key",
-                                       keys / "stranger.key_secret")  # fmt: skip
-            client = self.subscriber(context, endpoint, keys / "server.key",
-                                     keys / "client.key_secret")  # fmt: skip
+            stranger = self.subscriber(
+                context, endpoint, keys / "server.key", keys / "stranger.key_secret"
+            )
+            client = self.subscriber(
+                context, endpoint, keys / "server.key", keys / "client.key_secret"
+            )
             subs += [stranger, client]
             # The XPUB sees a subscription only from a consumer that passed the handshake.
             assert pub.poll(10_000), "the allowed consumer never subscribed"

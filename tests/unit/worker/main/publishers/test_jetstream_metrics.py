@@ -60,8 +60,9 @@ class TestCollector:
         assert value("shadow_tap_ack_seconds_sum", {"tap": "kv"}) == pytest.approx(0.02)
         assert value("shadow_nats_connected") == 1
         assert value("shadow_nats_reconnects_total") == 1
-        problems = {r: value("shadow_nats_stream_problems_total", {"reason": r})
-                    for r in STREAM_PROBLEMS}  # fmt: skip
+        problems = {
+            r: value("shadow_nats_stream_problems_total", {"reason": r}) for r in STREAM_PROBLEMS
+        }
         assert problems == {"subjects": 4, "refused": 0, "unavailable": 0, "no_stream": 0}
 
     def test_reads_the_current_numbers(self) -> None:

@@ -54,8 +54,9 @@ class TestSubjects:
         assert uncovered(["shadow.>", "other.*"], subjects) == []
 
     def test_created_stream(self) -> None:
-        config = NatsConfig(servers=("nats://x",), replicas=3, max_bytes=1024, max_age_s=60.0,
-                            discard="new")  # fmt: skip
+        config = NatsConfig(
+            servers=("nats://x",), replicas=3, max_bytes=1024, max_age_s=60.0, discard="new"
+        )
         created = stream_config(config, ["shadow.kv", "logs.kv", "logs.kv.heartbeat"])
         assert created.subjects == ["shadow.>", "logs.kv", "logs.kv.heartbeat"]
         assert (created.num_replicas, created.max_bytes, created.max_age) == (3, 1024, 60.0)

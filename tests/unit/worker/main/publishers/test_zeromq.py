@@ -26,8 +26,9 @@ def context() -> Iterator[zmq.Context]:
 
 
 def make_publisher(context: zmq.Context, capacity: int = 16) -> Publisher:
-    config = TapConfig("kv", TOPIC, "request", "tcp://127.0.0.1:*", FilterSet.parse([]),
-                       capacity=capacity)  # fmt: skip
+    config = TapConfig(
+        "kv", TOPIC, "request", "tcp://127.0.0.1:*", FilterSet.parse([]), capacity=capacity
+    )
     return Publisher(context, TapQueue(config))
 
 
