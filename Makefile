@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 MODELS := .models/chatml/generation_config.json .models/deepseek/generation_config.json
 
-.PHONY: demo test lint format bench models dynamo aiperf clean
+.PHONY: demo test unit lint format bench models dynamo aiperf clean
 
 # uv (from PyPI) installs the project and its dependencies: it downloads and
 # unpacks in parallel, minutes faster than pip on a machine with an empty cache.
@@ -47,6 +47,11 @@ aiperf:
 
 test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tests alone: no real servers, about a minute on two cores (two pytest-xdist
+# workers). `make test` runs them with the integration tests.
+unit: $(MODELS)
+	$(PY) -m pytest tests/unit -n 2 -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shadow_proxy tests bench

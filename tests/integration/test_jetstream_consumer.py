@@ -26,6 +26,7 @@ from shadow_proxy.records.files import read_entries
 from shadow_proxy.records.wire import Message, decode_envelope
 from tests.support import ROOT
 from tests.support.jetstream import DirectPublisher
+from tests.support.nats import messages_in
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(90)]
 
@@ -215,7 +216,10 @@ class TestStartedFirst:
         waiting = "no JetStream stream 'SHADOW'"
         try:
             await wait_until(lambda: waiting in log.read_text(), timeout=30, what="the wait")
-            await asyncio.sleep(1.5)  # looked again at least once meanwhile
+            asked = messages_in(nats_server)
+            await wait_until(
+                lambda: messages_in(nats_server) > asked, timeout=30, what="a second look"
+            )
             assert reader.poll() is None, log.read_text()[-2000:]
             await publish_all(nats_server.urls, total)  # creates the stream
             await wait_until(lambda: len(recorded(tmp_path, "early")) >= total, timeout=30)

@@ -190,7 +190,16 @@ class TestRecycle:
                 outcomes = sorted(r["response"]["outcome"] for r in consumers["replay"].records)
                 assert outcomes == ["cancelled"] * 3 + ["complete"] * 4
                 assert consumers["kv"].has(7)
-                await asyncio.sleep(1.5)
+
+                def settled(name: str) -> bool:
+                    """A heartbeat and a relayed snapshot that count all seven."""
+                    consumer = consumers[name]
+                    consumer.poll()
+                    beats = consumer.heartbeats
+                    published = sample(registry, "shadow_tap_published_total", tap=name)
+                    return bool(beats) and beats[-1][1].next_seq >= 7 and published == 7
+
+                await wait_for(lambda: settled("kv") and settled("replay"), timeout=10)
                 for name in ("kv", "replay"):
                     summary = consumers[name].summary()
                     assert summary["tap_gaps"] + summary["tail_loss"] == 0

@@ -160,12 +160,14 @@ class TestShardKilled:
             await wait_for(lambda: sample(registry, "shadow_worker_processes") == 2, START_S)
             for i in range(4):
                 await post(s, url, chat(f"after {i}"))
-            await wait_for(lambda: replay.has(2 + 5 + 4) and kv.has(16), timeout=20)
-            await asyncio.sleep(1.5)  # nothing more arrives
+
+            def lost() -> int:
+                summary = replay.summary()  # tail loss: once a heartbeat says so
+                return summary["tap_gaps"] + summary["tail_loss"]
+
+            await wait_for(lambda: replay.has(2 + 5 + 4) and kv.has(16) and lost() == 5, 20)
             assert died("kv") == 0 and died("replay") == 5
-            summary = replay.summary()
-            assert summary["records"] == 11
-            assert summary["tap_gaps"] + summary["tail_loss"] == 5
+            assert replay.summary()["records"] == 11
             outcomes = [r["response"]["outcome"] for r in replay.records]
             assert outcomes.count("cancelled") == 5
             assert kv.summary()["tap_gaps"] == 0

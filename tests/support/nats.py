@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,3 +112,12 @@ async def stream_info(servers: list[str], stream: str) -> Any:
         return await nc.jetstream().stream_info(stream)
     finally:
         await nc.close()
+
+
+def messages_in(cluster: NatsCluster) -> int:
+    """Messages the first server has received (its ``/varz`` ``in_msgs``): a
+    client's JetStream API calls among them, so a count that grows says a client
+    asked again."""
+    server = cluster.servers[0]
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.monitor_port}/varz", timeout=5) as r:
+        return int(json.loads(r.read())["in_msgs"])

@@ -1,4 +1,6 @@
-"""tests/unit mirrors the package file for file: every module has its test file."""
+"""tests/unit mirrors the package file for file: every module has its test file
+(in tests/integration when every test of it needs a real server, as the JetStream
+link and source do: the unit tests run without one)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,11 @@ def covered(module: Path) -> bool:
     topics = [
         t for t in folder.glob(f"test_{stem}_*.py") if t.stem.removeprefix("test_") not in siblings
     ]
-    return mirror_of(module).is_file() or bool(topics)
+    integration = ROOT / "tests" / "integration"
+    elsewhere = list(integration.glob(f"test_{stem}.py")) + list(
+        integration.glob(f"test_{stem}_*.py")
+    )
+    return mirror_of(module).is_file() or bool(topics) or bool(elsewhere)
 
 
 def test_every_module_has_its_test_file() -> None:

@@ -212,7 +212,8 @@ class TestSettlesAndDeath:
         while publishing.resolved != [2, 0] and time.monotonic() < deadline:
             p.readable(fd)
         assert publishing.resolved == [2, 0]
-        zero.sock.close()  # the shard dies
+        shard.process.kill()  # the shard dies: its process, then its socket
+        zero.sock.close()
         p.readable(fd)
         assert dropped(publishing, REPLAY, "closed") == 1 + 3 + 1  # stopping: closed
         assert dropped(publishing, KV, "closed") == 1

@@ -20,10 +20,12 @@ from shadow_proxy.records.jetstream_source import HINT_AFTER_S, JetStreamSource,
 from shadow_proxy.records.sources import Delivery, SourceError
 from shadow_proxy.records.wire import Heartbeat, encode_envelope, heartbeat_topic
 from tests.support.jetstream import synthetic_payload
+from tests.support.nats import messages_in
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(60)]
 
 TAP = "direct"
+
 SUBJECT = "shadow.shadow-requests-direct"
 
 
@@ -144,7 +146,10 @@ class TestRefused:
         opening = asyncio.create_task(source.open())
         try:
             await wait_until(lambda: lines, timeout=30, what="the waiting line")
-            await asyncio.sleep(1.5)  # looked again at least once meanwhile
+            asked = messages_in(nats_server)
+            await wait_until(
+                lambda: messages_in(nats_server) > asked, timeout=30, what="a second look"
+            )
             assert not opening.done() and len(lines) == 1, lines
             nc = await nats.connect(nats_server.urls)
             try:
