@@ -21,7 +21,7 @@ Guarantees:
   broken before the response started), 504 (connect timeout), 413 (body over
   ``max_request_bytes``), 408 (body not received within
   ``listen.body_timeout_s``), 400 (a body the HTTP parser cannot read), as
-  OpenAI-style JSON errors; 413 and 408 on mirrored routes are counted in
+  OpenAI-style JSON errors (``serving/answers.py``); 413 and 408 on mirrored routes are counted in
   ``shadow_not_mirrored_total`` (the worker never sees them);
 - every exchange handed to the worker gets exactly one end message;
 - at shutdown (``stop``) in-flight exchanges get the grace period, once, then
@@ -34,7 +34,6 @@ and hold the route and the error type, never a header or a body byte.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from yarl import URL
 
 from shadow_proxy.channel import headers as engine_headers
 from shadow_proxy.exchange import EndKind, Route, classify
+from shadow_proxy.serving.answers import error_response, upstream_failure
 from shadow_proxy.serving.handoff import Capture, Handoff
 from shadow_proxy.serving.headers import (
     client_response_headers,
@@ -66,17 +66,6 @@ SLICE_BYTES = 256 * 1024
 #: At shutdown, how long cancelled exchanges get to end (write their end
 #: message, close their upstream connection) after the grace period.
 CANCEL_WAIT_S = 1.0
-
-
-def error_response(status: int, message: str, kind: str, request_id: str, header: str):
-    """An OpenAI-style JSON error answered by the proxy itself."""
-    body = {"error": {"message": message, "type": kind, "code": status}}
-    return web.Response(
-        status=status,
-        body=json.dumps(body).encode(),
-        content_type="application/json",
-        headers={header: request_id},
-    )
 
 
 class ProxyHandler:
@@ -253,49 +242,13 @@ class ProxyHandler:
             if end is EndKind.CLIENT_GONE:
                 self.metrics.client_disconnects.labels(route.label).inc()
             raise
-        except aiohttp.SocketTimeoutError:
-            # Connected, but no response headers within ``read_timeout_s``.
-            end, detail = EndKind.TIMEOUT, "read timeout"
-            self.metrics.upstream_errors.labels("read_timeout").inc()
-            log.warning("upstream read timeout before the response started")
-            proxy_answer = error_response(
-                504,
-                "the frontend did not answer in time",
-                "upstream_timeout",
-                request_id,
-                header,
-            )
-            return proxy_answer
-        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
-            # Before the response started: a connect timeout (504).
-            end, detail = EndKind.UPSTREAM_FAILED, "connect timeout"
-            self.metrics.upstream_errors.labels("connect_timeout").inc()
-            log.warning("upstream connect timeout: %s", type(e).__name__)
-            proxy_answer = error_response(
-                504,
-                "the frontend did not accept a connection in time",
-                "upstream_timeout",
-                request_id,
-                header,
-            )
-            return proxy_answer
-        except aiohttp.ClientConnectorError as e:
-            end, detail = EndKind.UPSTREAM_FAILED, "connect failed"
-            self.metrics.upstream_errors.labels("connect").inc()
-            log.warning(
-                "upstream unreachable: %s", e.os_error.strerror or type(e.os_error).__name__
-            )
-            proxy_answer = error_response(
-                502, "the frontend cannot be reached", "upstream_unreachable", request_id, header
-            )
-            return proxy_answer
-        except aiohttp.ClientError as e:
-            end, detail = EndKind.UPSTREAM_FAILED, "upstream failed before responding"
-            self.metrics.upstream_errors.labels("bad_response").inc()
-            log.warning("upstream failed before responding: %s", type(e).__name__)
-            proxy_answer = error_response(
-                502, "the frontend failed before responding", "upstream_error", request_id, header
-            )
+        except (TimeoutError, aiohttp.ClientError) as e:
+            # Before the response started: the proxy answers 502 or 504 (answers.py).
+            failure = upstream_failure(e)
+            end, detail = failure.end, failure.detail
+            self.metrics.upstream_errors.labels(failure.kind).inc()
+            log.warning("%s", failure.log_line)
+            proxy_answer = failure.response(request_id, header)
             return proxy_answer
         finally:
             if capture is not None:

@@ -1,0 +1,180 @@
+"""The ``multiturn`` regime: conversations of 10 to 30 turns growing to 8k-32k
+tokens, interleaved like agent traffic; the worker's CPU per request with
+incremental tokenization against a full re-encode and the frontend's own (see
+``worker_bench.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import attrs
+
+from bench.procfs import cpu_seconds
+from bench.scrape import counter, listing, metrics, worker_pids
+from bench.services import MODEL_NAME, Frontend, start_proxy
+from bench.worker_scaling import published
+from shadow_proxy.devtools.conversations import answer_text
+from shadow_proxy.devtools.loadgen import make_prompt
+
+
+@attrs.frozen
+class Talk:
+    """One conversation: its system message, then each turn's user message and the
+    answer the bench resends for it (or the length of the one asked for)."""
+
+    system: str
+    turns: list[tuple[str, str]]
+
+
+def conversations(n: int, seed: int, tag: str = "") -> list[Talk]:
+    """10-30 turns, growing to 8k-32k tokens (words of the load generator: about a
+    token each), a third of each turn the user's, two thirds the answer's.
+    ``tag`` opens every system message: the same conversations under another tag
+    share no prefix."""
+    rng = random.Random(seed)
+    out = []
+    for c in range(n):
+        turns = rng.randint(10, 30)
+        final = rng.randint(8_000, 30_000)
+        per_turn = (final - 1_000) // turns
+        system = f"{tag}Agent {c}. " + make_prompt(rng, 1_000)
+        pairs = [
+            (make_prompt(rng, per_turn // 3), make_prompt(rng, 2 * per_turn // 3))
+            for _ in range(turns)
+        ]
+        out.append(Talk(system, pairs))
+    return out
+
+
+async def _converse(
+    url: str, talks: list[Talk], concurrency: int, answers: str = "synthetic"
+) -> int:
+    """Each conversation turn by turn, ``concurrency`` conversations at a time.
+    ``answers``: ``synthetic`` resends the bench's own answer text (8 tokens
+    asked for); ``frontend`` asks for as many tokens and resends what the
+    frontend streamed, as agents do."""
+    sem = asyncio.Semaphore(concurrency)
+    sent = 0
+
+    async def talk(index: int, conversation: Talk) -> None:
+        nonlocal sent
+        # As agents talking to Dynamo do: the session header on every turn (the
+        # worker keeps a conversation on one shard by it).
+        headers = {"x-dynamo-session-id": f"conv-{index}"}
+        messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}]
+        async with sem, aiohttp.ClientSession() as session:
+            for user, reply in conversation.turns:
+                messages.append({"role": "user", "content": user})
+                real = answers == "frontend"
+                body = {
+                    "model": MODEL_NAME,
+                    "messages": messages,
+                    "max_tokens": len(reply.split()) if real else 8,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                async with session.post(
+                    url + "/v1/chat/completions", json=body, headers=headers
+                ) as r:
+                    raw = await r.read()
+                    sent += r.status == 200
+                answer = answer_text(raw) if real else reply
+                messages.append({"role": "assistant", "content": answer})
+
+    await asyncio.gather(*(talk(i, t) for i, t in enumerate(talks)))
+    return sent
+
+
+async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
+    n = args.conversations
+    env = {"DYN_TOKENIZER_CACHE": "0"} if args.dynamo_tokenizer_cache == "off" else None
+    frontend = await Frontend.start(
+        kind, scratch, pace=None, speedup=1000.0, cpus=None, dynamo_env=env
+    )
+    cases = {"incremental": {}, "full re-encode": {"tokenizer_cache_bytes": 0}}
+    runs: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
+    try:
+        for rnd in range(args.rounds):
+            order = list(cases) if rnd % 2 == 0 else list(reversed(cases))
+            for case in order:
+                # The same conversations for both cases of a round (the CPU per
+                # request depends on their lengths), tagged per case so that no
+                # prefix cache of the frontend's carries over from the other case.
+                talks = conversations(n, seed=100 * rnd, tag=f"[{case}] ")
+                worker = {"max_lag_s": None, **cases[case]}
+                if args.processes:
+                    worker["processes"] = args.processes
+                service, url, main, _ = await start_proxy(frontend.url, scratch, True, None, worker)
+                try:
+                    pids = {
+                        "worker": worker_pids(main),
+                        **{r: [p] for r, p in frontend.pids.items()},
+                    }
+                    start = {t["name"]: t["next_seq"] for t in listing(url)}
+                    before = _cpu(pids)
+                    sent = await _converse(url, talks, args.concurrency or 8, args.answers)
+                    # Every record published: a worker that fell behind pays its
+                    # backlog inside the measure (a fixed wait once left it out).
+                    await published(url, start, sent)
+                    after = _cpu(pids)
+                    text = metrics(url)
+                finally:
+                    service.terminate()
+                run = {
+                    f"{role}_cpu_ms_per_request": 1000 * (after[role] - before[role]) / sent
+                    for role in before
+                }
+                run["requests"] = sent
+                run["mismatches"] = counter(text, "shadow_prompt_token_mismatches_total")
+                encoded = counter(text, "shadow_tokenizer_tokens_total", source="encoded")
+                reused = counter(text, "shadow_tokenizer_tokens_total", source="reused")
+                run["tokens_encoded_fraction"] = (
+                    encoded / (encoded + reused) if encoded + reused else None
+                )
+                runs[case].append(run)
+                print(f"[multiturn] round {rnd + 1} {case}: {run}", flush=True)
+    finally:
+        frontend.stop()
+    summary = {c: _median(r) for c, r in runs.items()}
+    inc, full = summary["incremental"], summary["full re-encode"]
+    targets = [
+        (
+            "incremental / full re-encode worker CPU per request <= 0.3",
+            inc["worker_cpu_ms_per_request"] / max(1e-9, full["worker_cpu_ms_per_request"]),
+            0.3,
+            False,
+        ),
+        (
+            "incremental worker CPU / frontend CPU per request <= 0.5",
+            inc["worker_cpu_ms_per_request"] / max(1e-9, inc["frontend_cpu_ms_per_request"]),
+            0.5,
+            False,
+        ),
+        ("prompt-token mismatches == 0", inc["mismatches"] + full["mismatches"], 0, False),
+    ]
+    return {
+        "regime": "multiturn",
+        "frontend": frontend.label,
+        "conversations": n,
+        "answers": args.answers,
+        "rounds": args.rounds,
+        "cases": summary,
+        "runs": runs,
+        "targets": targets,
+    }
+
+
+def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:
+    return {role: sum(cpu_seconds(pid) for pid in group) for role, group in pids.items()}
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {}
+    for key in runs[0]:
+        values = sorted(r[key] for r in runs if r[key] is not None)
+        out[key] = values[len(values) // 2] if values else None
+    return out
