@@ -219,7 +219,7 @@ class ProxyHandler:
             ) as upstream:
                 if self.quick_ack:
                     ack_now(upstream.connection)
-                response = web.StreamResponse(
+                streamed = web.StreamResponse(
                     status=upstream.status,
                     reason=upstream.reason,
                     headers=client_response_headers(
@@ -232,11 +232,11 @@ class ProxyHandler:
                         upstream.headers.get("Content-Type", ""),
                         upstream.headers.get("Content-Encoding", ""),
                     )
-                await response.prepare(request)
+                await streamed.prepare(request)
                 end, detail = await self._stream(
-                    request, upstream, response, capture, route, arrival_mono_ns
+                    request, upstream, streamed, capture, route, arrival_mono_ns
                 )
-                return response
+                return streamed
         except (asyncio.CancelledError, _ClientGone):
             end = EndKind.SHUTDOWN if self.shutting_down else EndKind.CLIENT_GONE
             if end is EndKind.CLIENT_GONE:
