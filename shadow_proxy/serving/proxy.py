@@ -13,7 +13,7 @@ Guarantees:
   removal, no re-quoting: ``URL(..., encoded=True)``); an absolute-form target
   (``GET http://host/path``) is forwarded by its path and query, as uvicorn
   and hyper read it. aiohttp's client drops a fragment and a bare trailing
-  ``?`` (neither carries meaning for a frontend); docs/INTERNALS.md;
+  ``?`` (neither carries meaning for a frontend); docs/design.md;
 - the client gets the frontend's status, end-to-end headers and body bytes;
 - a client that hangs up cancels the handler (``handler_cancellation``), which
   closes the upstream connection at once so the frontend stops generating;

@@ -1,5 +1,5 @@
 """The rule: the request target and body are forwarded byte for byte (issue 17
-items 1 and 11, issue 18 items 7 and 8; docs/INTERNALS.md "Design rules").
+items 1 and 11, issue 18 items 7 and 8; docs/design.md "Design rules").
 
 The real ``shadow-proxy serve`` process between a raw-socket client and a
 raw-socket frontend that records exactly what reached it.
