@@ -5,14 +5,15 @@ Families travel as plain data (``Family``: name, type, documentation, samples
 a shard's to the worker's main (by its spawn token), the main's (its own and its
 shards' combined) to the serving process (by the worker's generation).
 
-``Totals`` keeps, per source, the highest value each counter sample reached in
-its reports. So the order of reports does not matter and none is needed twice: a
-report that is lost is made good by the next, a report that arrives after its
-source was declared gone (``retire``: a death seen before the last report was
-read) still counts, and the final values the serving process works out for a
-dead worker (``raise_to``: its checkpoint, plus the loss its death caused) raise
-the dead source's counters to them. A source's counters only grow, so the
-highest value is its latest.
+``Totals`` keeps, per source, its latest report (a live source's counters only
+grow, so its latest report holds its highest values: an update is one
+assignment, paid by each shard's report; the sum is made once a second), and
+for a source that is gone the highest value each counter sample reached. So no
+report is needed twice: a report that is lost is made good by the next, a report
+that arrives after its source was declared gone (``retire``: a death seen before
+the last report was read) still raises what it counted, and the final values the
+serving process works out for a dead worker (``raise_to``: its checkpoint, plus
+the loss its death caused) raise the dead source's counters to them.
 
 Combined (``families``), by what a sample means:
 
@@ -77,13 +78,15 @@ def _meaning(kind: str, family: str, sample: str) -> str:
 
 
 class _Source:
-    __slots__ = ("counts", "gauges", "live", "order")
+    __slots__ = ("counts", "latest", "live", "order")
 
     def __init__(self) -> None:
-        #: family -> sample -> (meaning, value): counts and ``_created``.
-        self.counts: dict[str, dict[_Sample, tuple[str, float]]] = {}
-        #: family -> sample -> (meaning, value): the latest report's gauges.
-        self.gauges: dict[str, dict[_Sample, tuple[str, float]]] = {}
+        #: The latest report as it came (a live source's: kept as is, read once a
+        #: second by ``families``; an update costs nothing on the hot path).
+        self.latest: list[Family] = []
+        #: family -> sample -> (meaning, value): counts and ``_created`` kept as
+        #: the highest values seen, once the source is gone or was raised.
+        self.counts: dict[str, dict[_Sample, tuple[str, float]]] | None = None
         self.live = True
         #: When it last reported (a counter over every report): the latest wins.
         self.order = 0
@@ -109,21 +112,42 @@ class Totals:
         state = self._source(source)
         self._reports += 1
         state.order = self._reports
-        gauges: dict[str, dict[_Sample, tuple[str, float]]] = {}
-        for name, kind, doc, samples in families:
-            self._meta.setdefault(name, (kind, doc))
+        for name, kind, doc, _ in families:
+            if name not in self._meta:
+                self._meta[name] = (kind, doc)
+        if state.counts is None:
+            state.latest = families  # a live source's latest report is its highest
+        else:
+            self._merge(state, families)
+            if state.live:
+                state.latest = [f for f in families if f[1] not in _COUNTS]
+
+    def _frozen(self, state: _Source) -> dict[str, dict[_Sample, tuple[str, float]]]:
+        """The source's counts as kept values (from its latest report, once)."""
+        if state.counts is None:
+            state.counts = {}
+            self._merge(state, state.latest)
+            state.latest = [f for f in state.latest if f[1] not in _COUNTS]
+        return state.counts
+
+    def _merge(self, state: _Source, families: list[Family]) -> None:
+        assert state.counts is not None
+        for name, kind, _, samples in families:
             for sample_name, labels, value in samples:
                 meaning = _meaning(kind, name, sample_name)
-                key = (sample_name, tuple(sorted(labels.items())))
                 if meaning in ("count", "created"):
-                    self._raise(state, name, key, meaning, value)
-                else:
-                    gauges.setdefault(name, {})[key] = (meaning, value)
-        if state.live:
-            state.gauges = gauges
+                    key = (sample_name, tuple(sorted(labels.items())))
+                    self._raise(state.counts, name, key, meaning, value)
 
-    def _raise(self, state: _Source, name: str, key: _Sample, meaning: str, value: float):
-        family = state.counts.setdefault(name, {})
+    @staticmethod
+    def _raise(
+        counts: dict[str, dict[_Sample, tuple[str, float]]],
+        name: str,
+        key: _Sample,
+        meaning: str,
+        value: float,
+    ) -> None:
+        family = counts.setdefault(name, {})
         old = family.get(key)
         if old is None:
             family[key] = (meaning, value)
@@ -135,8 +159,9 @@ class Totals:
     def retire(self, source: Hashable) -> None:
         """The source is gone: its counts stay counted, its gauges go."""
         state = self._source(source)
+        self._frozen(state)
         state.live = False
-        state.gauges = {}
+        state.latest = []
 
     def raise_to(
         self,
@@ -149,28 +174,27 @@ class Totals:
         """Counts ``source`` made that its reports may not show (a dead worker's
         final values): each sample is raised to at least this."""
         self._meta.setdefault(family, (kind, doc))
-        state = self._source(source)
+        counts = self._frozen(self._source(source))
         for sample_name, labels, value in samples:
             key = (sample_name, tuple(sorted(labels.items())))
-            self._raise(state, family, key, _meaning(kind, family, sample_name), value)
+            self._raise(counts, family, key, _meaning(kind, family, sample_name), value)
 
     def families(self) -> list[Family]:
         combined: dict[str, dict[_Sample, float]] = {name: {} for name in self._meta}
         latest: dict[tuple[str, _Sample], int] = {}
         for state in self._sources.values():
-            for name, samples in state.counts.items():
+            for name, samples in (state.counts or {}).items():
                 into = combined[name]
                 for key, (meaning, value) in samples.items():
-                    if key not in into:
-                        into[key] = value
-                    elif meaning == "created":
-                        into[key] = min(into[key], value)
-                    else:
-                        into[key] += value
-            for name, samples in state.gauges.items():
+                    self._add(into, key, meaning, value)
+            for name, kind, _, rows in state.latest:
                 into = combined[name]
-                for key, (meaning, value) in samples.items():
-                    if key in into and meaning == "additive":
+                for sample_name, labels, value in rows:
+                    meaning = _meaning(kind, name, sample_name)
+                    key = (sample_name, tuple(sorted(labels.items())))
+                    if meaning in ("count", "created"):
+                        self._add(into, key, meaning, value)
+                    elif key in into and meaning == "additive":
                         into[key] += value
                     elif key not in into or state.order > latest[(name, key)]:
                         into[key] = value
@@ -180,3 +204,12 @@ class Totals:
             for name, (kind, doc) in self._meta.items()
             for rows in (combined[name].items(),)
         ]
+
+    @staticmethod
+    def _add(into: dict[_Sample, float], key: _Sample, meaning: str, value: float) -> None:
+        if key not in into:
+            into[key] = value
+        elif meaning == "created":
+            into[key] = min(into[key], value)
+        else:
+            into[key] += value

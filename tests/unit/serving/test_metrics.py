@@ -73,9 +73,8 @@ class TestProxyMetrics:
 
 
 class TestWorkerMetricsRelay:
-    """The worker's latest snapshot is exported; a counter stays at the highest value
-    its worker reported. (Across a worker's death:
-    tests/unit/serving/test_metrics_relay_restart.py.)"""
+    """The worker's latest snapshot is exported as it is; an update replaces it whole.
+    (Across a worker's death: tests/unit/serving/test_metrics_relay_restart.py.)"""
 
     @staticmethod
     def family(value: float) -> list:
@@ -96,4 +95,4 @@ class TestWorkerMetricsRelay:
         relay.update(1, [self.family(5)])
         assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 5
         relay.update(1, [])
-        assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) == 5
+        assert registry.get_sample_value("shadow_tap_queued_total", {"tap": "kv"}) is None
