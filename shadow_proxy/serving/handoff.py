@@ -86,7 +86,15 @@ class _Protocol(asyncio.Protocol):
 class Handoff:
     """The serving process's end of the channel to the tap worker."""
 
-    def __init__(self, path: str, max_bytes: int, metrics: ProxyMetrics):
+    def __init__(
+        self,
+        path: str,
+        max_bytes: int,
+        metrics: ProxyMetrics,
+        *,
+        full_response: bool = True,
+        on_final_states: Callable[[int, tuple[cp.TapState, ...]], None] | None = None,
+    ):
         self.path = path
         self.max_bytes = max_bytes
         self._server: asyncio.AbstractServer | None = None
@@ -113,7 +121,7 @@ class Handoff:
         self.worker_alive = False
         #: Whether taps need the whole response (joined records) or only its
         #: tail (where ``usage`` is, for the prompt-token fidelity check).
-        self.full_response = True
+        self.full_response = full_response
         #: The incarnation the supervisor spawned last (it connects next).
         self.generation = 0
         self._connected_generation = 0
@@ -124,7 +132,8 @@ class Handoff:
         #: Final states of dead publishers the next worker announces.
         self._tombstones: list[cp.TapState] = []
         #: Called with the final states when a dead worker has been accounted for.
-        self.on_final_states: Callable[[int, tuple[cp.TapState, ...]], None] | None = None
+        #: (the dead worker's generation, its taps' final states)
+        self.on_final_states = on_final_states
 
     async def start(self) -> None:
         """Listen on ``path`` (the worker connects)."""

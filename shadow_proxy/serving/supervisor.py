@@ -74,9 +74,13 @@ class Taps:
         self.checkpoint_path = f"{self.dir}/checkpoint"
         self.control_endpoint = f"ipc://{self.dir}/control"
         self.context = zmq.asyncio.Context()
-        self.handoff = Handoff(self.handoff_path, config.worker.handoff_max_bytes, metrics)
-        self.handoff.full_response = config.capture_response
-        self.handoff.on_final_states = relay.dead_worker_finals
+        self.handoff = Handoff(
+            self.handoff_path,
+            config.worker.handoff_max_bytes,
+            metrics,
+            full_response=config.capture_response,
+            on_final_states=relay.dead_worker_finals,
+        )
         self.control = self.context.socket(zmq.PULL)
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.bind(self.control_endpoint)
