@@ -35,8 +35,9 @@ TABLE_PAGE = ROOT / "docs" / "configuration.md"
 BEGIN = "<!-- keys: written by python -m shadow_proxy.config.docs; do not edit by hand -->"
 END = "<!-- end of keys -->"
 
-#: The example deployment's lists (the reference taps, ``devtools/reference_taps.py``,
-#: checked against this file by its tests) and the values of keys without a default.
+#: The example deployment's lists: its model, and the reference taps (the demo, the
+#: benchmarks and the tests use them through ``devtools/reference_taps.py``; the
+#: Kubernetes ConfigMap's are checked against them).
 EXAMPLE_LISTS: dict[str, list[dict[str, Any]]] = {
     "models": [{"name": "deepseek", "tokenizer": "../.models/deepseek"}],
     "taps": [

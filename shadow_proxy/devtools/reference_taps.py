@@ -25,26 +25,12 @@ from typing import Any
 
 import yaml
 
+from shadow_proxy.config.docs import EXAMPLE_LISTS
+
 #: The two taps as the deployment names them (no endpoint: the deployment
-#: binds ``publish.base_port + index``; local runs pass their own endpoints).
-REFERENCE_TAPS: tuple[Mapping[str, Any], ...] = (
-    {
-        "name": "kv-history-tracker",
-        "topic": "kv-history-tracker",
-        "capture": "request",
-        "filters": ["tokens-only"],
-        "capacity": 4096,
-    },
-    {
-        "name": "shadow-replay",
-        "topic": "shadow-replay",
-        "capture": "request_response",
-        "emit": "joined",
-        "filters": ["strip-multimodal"],
-        "response": {"tokens": True, "chunk_timing": False},
-        "capacity": 1024,
-    },
-)
+#: binds ``publish.base_port + index``; local runs pass their own endpoints):
+#: the example file's, written from ``config/docs.py``.
+REFERENCE_TAPS: tuple[Mapping[str, Any], ...] = tuple(EXAMPLE_LISTS["taps"])
 TAP_NAMES = tuple(tap["name"] for tap in REFERENCE_TAPS)
 #: The tap whose records join the request with its response.
 JOINED_TAP = "shadow-replay"

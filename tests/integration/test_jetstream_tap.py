@@ -3,59 +3,21 @@ the same id (the rest of the tap's state: the unit test)."""
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 
 import nats
 import pytest
-from nats.aio.msg import Msg
 
-from shadow_proxy.config import Config
 from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
 from shadow_proxy.worker.main.publishers.jetstream_tap import (
     ACK_TIMEOUT_S,
-    JetStreamPublisher,
     ack_timeout,
 )
 from shadow_proxy.worker.main.tap_queue import TapQueue
-from tests.support.jetstream import synthetic_payload
+from tests.support.jetstream import nats_tap_config as config
+from tests.support.jetstream import offer_records as offer
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def config(servers: list[str], capacity: int = 4) -> Config:
-    return Config.from_mapping(
-        {
-            "schema_version": 1,
-            "upstream": {"url": "http://127.0.0.1:9"},
-            "nats": {"servers": servers},
-            "taps": [
-                {"name": "t", "capture": "request", "transport": "nats", "capacity": capacity}
-            ],
-        }
-    )
-
-
-@pytest.fixture
-def tap() -> Iterator[JetStreamPublisher]:
-    """A publisher on a link whose thread is not started: the test plays both threads."""
-    cfg = config(["nats://127.0.0.1:9"])
-    link = JetStreamLink(cfg.nats)
-    publisher = link.publisher(TapQueue(cfg.taps[0]))
-    yield publisher
-    link.loop.close()
-
-
-def offer(publisher: JetStreamPublisher, count: int) -> None:
-    for _ in range(count):
-        seq = publisher.queue.take_seq()
-        publisher.queue.offer(synthetic_payload("t", seq), seq=seq)
-
-
-def reply(data: object, headers: dict[str, str] | None = None) -> Msg:
-    body = data if isinstance(data, bytes) else json.dumps(data).encode()
-    return Msg(None, subject="_INBOX.x", data=body, headers=headers)  # type: ignore[arg-type]
 
 
 class TestSending:

@@ -81,3 +81,24 @@ async def tap_messages(servers: list[str], subject: str, stream: str = "SHADOW")
 
 def envelopes(messages: list) -> list[dict[str, Any]]:
     return [decode_envelope(m.data) for m in messages]
+
+
+def nats_tap_config(servers: list[str], capacity: int = 4) -> Config:
+    """One ``nats`` tap named ``t`` and the servers it publishes to."""
+    return Config.from_mapping(
+        {
+            "schema_version": 1,
+            "upstream": {"url": "http://127.0.0.1:9"},
+            "nats": {"servers": servers},
+            "taps": [
+                {"name": "t", "capture": "request", "transport": "nats", "capacity": capacity}
+            ],
+        }
+    )
+
+
+def offer_records(publisher: Any, count: int) -> None:
+    """``count`` synthetic records on the publisher's queue, each with its seq."""
+    for _ in range(count):
+        seq = publisher.queue.take_seq()
+        publisher.queue.offer(synthetic_payload(publisher.queue.name, seq), seq=seq)

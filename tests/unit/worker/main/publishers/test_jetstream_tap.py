@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 from nats.aio.msg import Msg
 
-from shadow_proxy.config import Config
 from shadow_proxy.records.wire import Heartbeat
 from shadow_proxy.worker.main.publishers.jetstream import JetStreamLink
 from shadow_proxy.worker.main.publishers.jetstream_tap import (
@@ -22,22 +21,11 @@ from shadow_proxy.worker.main.publishers.jetstream_tap import (
     ack_timeout,
 )
 from shadow_proxy.worker.main.tap_queue import TapQueue
+from tests.support.jetstream import nats_tap_config as config
+from tests.support.jetstream import offer_records as offer
 from tests.support.jetstream import synthetic_payload
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def config(servers: list[str], capacity: int = 4) -> Config:
-    return Config.from_mapping(
-        {
-            "schema_version": 1,
-            "upstream": {"url": "http://127.0.0.1:9"},
-            "nats": {"servers": servers},
-            "taps": [
-                {"name": "t", "capture": "request", "transport": "nats", "capacity": capacity}
-            ],
-        }
-    )
 
 
 @pytest.fixture
@@ -48,12 +36,6 @@ def tap() -> Iterator[JetStreamPublisher]:
     publisher = link.publisher(TapQueue(cfg.taps[0]))
     yield publisher
     link.loop.close()
-
-
-def offer(publisher: JetStreamPublisher, count: int) -> None:
-    for _ in range(count):
-        seq = publisher.queue.take_seq()
-        publisher.queue.offer(synthetic_payload("t", seq), seq=seq)
 
 
 def reply(data: object, headers: dict[str, str] | None = None) -> Msg:
