@@ -230,9 +230,11 @@ def launch_vllm(
     kv_cache_gib: int = 1,
     num_blocks: int | None = None,
     tools: bool = False,
+    aliases: tuple[str, ...] = (),
     extra_args: tuple[str, ...] = (),
 ) -> Vllm:
-    """Start a vLLM server on ``model_dir`` as ``served_name`` (module
+    """Start a vLLM server on ``model_dir`` as ``served_name`` (and
+    ``aliases``: a candidate answers to the primary's model name) (module
     docstring) and return at once; ``Vllm.wait_ready`` waits for it.
     Raises ``VllmUnavailable`` when vLLM is not installed."""
     python = vllm_python()
@@ -243,7 +245,7 @@ def launch_vllm(
     tool_args = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes") if tools else ()
     argv = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(Path(model_dir).resolve()), "--served-model-name", served_name,
+        "--model", str(Path(model_dir).resolve()), "--served-model-name", served_name, *aliases,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "4096", "--dtype", "float32", "--enforce-eager",
         "--max-num-seqs", "8", "--enable-prefix-caching",
