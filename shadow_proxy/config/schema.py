@@ -426,4 +426,5 @@ class _SchemaReader(Reader):
 def _template_engine(value: str) -> str | None:
     if value in TEMPLATE_ENGINES:
         return None
-    return f"must be one of {', '.join(TEMPLATE_ENGINES)} (minijinja: Dynamo 1.6.1; jinja2: vLLM 0.32)"
+    engines = ", ".join(TEMPLATE_ENGINES)
+    return f"must be one of {engines} (minijinja: Dynamo 1.6.1; jinja2: vLLM 0.32)"
