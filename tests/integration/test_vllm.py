@@ -10,6 +10,7 @@ in ``request_id``).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import random
@@ -120,9 +121,9 @@ class TestFidelity:
                 assert record is None or record["response"]["http_status"] == status, entry["name"]
                 continue
             for index in range(_batch_size(entry)) or [None]:
-                record = got[(rid, index)]
+                record = got.get((rid, index))
                 ids = _engine_ids(logged, entry, rid, index)
-                if ids is not None and record["request"]["token_ids"] == ids:
+                if record is not None and ids is not None and record["request"]["token_ids"] == ids:
                     exact[entry["api"]] += 1
                 else:
                     wrong.append((entry["api"], entry["name"], index))
@@ -265,7 +266,7 @@ class TestKvPrediction:
         engine = (hits1 - hits0) / (queries1 - queries0)
         out = tmp_path / "analysis.json"
         argv = ["analyze", str(captured), "--block-size", str(block), "--capacity", str(capacity)]
-        assert trace_main([*argv, "--json", str(out)]) == 0
+        assert await asyncio.to_thread(trace_main, [*argv, "--json", str(out)]) == 0
         (predicted,) = json.loads(out.read_text())["predicted"]
         prompt_tokens = sum(len(r["request"]["token_ids"]) for r in load_records(captured))
         assert predicted["prompt_tokens"] == prompt_tokens == queries1 - queries0
