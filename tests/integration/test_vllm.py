@@ -294,8 +294,13 @@ class TestKvPrediction:
         # hold all of it, 191 evict (57% of the prompt tokens hit an infinite
         # cache, about 46% these 191 blocks).
         requests = _requests(seed=7, count=24, turns=4, words=240, max_tokens=1, interleave=True)
+        # One cache salt for the run (vLLM hashes it into every block): blocks
+        # cached by earlier traffic on this server are never hits, as for the
+        # prediction, which sees only this run's records.
+        salt = uuid.uuid4().hex
         for _, body in requests:
             body["model"] = model
+            body["cache_salt"] = salt
         hits0, queries0 = await server.prefix_cache()
         captured = await capture(server.base_url, [_model_entry(model)], requests, tmp_path)
         hits1, queries1 = await server.prefix_cache()
