@@ -19,7 +19,10 @@ Two templates: ``DEEPSEEK_TEMPLATE`` (``modeldirs``'; it loops over content
 parts, so vLLM hands it content in the OpenAI format) and ``TOOLS_TEMPLATE``,
 a Hermes-style tool-calling template (``<tools>``, ``<tool_call>`` JSON,
 ``<tool_response>``) that prints ``message['content']`` as a string, so vLLM
-hands it string content; served with ``--tool-call-parser hermes``.
+hands it string content; served with ``--tool-call-parser hermes``. It
+concatenates every message's ``content``, an assistant's with tool calls
+included, as many real templates do: a message without content must reach it
+as ``""`` (vLLM's rule), or rendering fails.
 
 Same arguments, same bytes: ``build_llama`` writes a stamp of its arguments and
 leaves a directory built with the same ones alone.
@@ -43,7 +46,7 @@ HEAD_DIM = 32
 CONTEXT_LENGTH = 4096
 INIT_STD = 0.02
 #: Bump when what a build writes changes: directories of older builds are rebuilt.
-VERSION = "1"
+VERSION = "2"
 
 # Hermes-style tool calling (as Qwen2.5's and Hermes 2 Pro's templates do it), in
 # DeepSeek's turn markers. Content is printed as a string: no loop over parts.
@@ -59,7 +62,7 @@ TOOLS_TEMPLATE = r"""
 {%- if message['role'] == 'user' -%}
 {{ '<｜User｜>' + message['content'] }}
 {%- elif message['role'] == 'assistant' -%}
-{{ '<｜Assistant｜>' }}{%- if message['content'] -%}{{ message['content'] }}{%- endif -%}
+{{ '<｜Assistant｜>' + message['content'] }}
 {%- if message['tool_calls'] is defined and message['tool_calls'] -%}
 {%- for call in message['tool_calls'] -%}
 {{ '<tool_call>\n{"name": "' + call['function']['name'] + '", "arguments": ' }}{{ call['function']['arguments'] | tojson }}{{ '}\n</tool_call>' }}
