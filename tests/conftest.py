@@ -17,8 +17,43 @@ import pytest
 from tests.support import MODELS_DIR
 from tests.support.nats import nats_cluster, nats_server  # noqa: F401 (fixtures)
 from tests.support.subscriber import TapSubscriber
+from tests.support.vllm import Fleet, vllm_skipped
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+_FLEET = pytest.StashKey[Fleet]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Runs once after collection: when a ``vllm`` test will run, the vLLM fleet
+    starts now, in the background (``tests/support/vllm.py``)."""
+    if vllm_skipped() or not any(item.get_closest_marker("vllm") for item in session.items):
+        return
+    import tempfile
+
+    fleet = Fleet(Path(tempfile.mkdtemp(prefix="shadow-proxy-vllm-")))
+    session.config.stash[_FLEET] = fleet
+    fleet.launch()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Runs once at the end: every vLLM server of the fleet is stopped."""
+    fleet = session.config.stash.get(_FLEET, None)
+    if fleet is not None:
+        fleet.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(request: pytest.FixtureRequest) -> Fleet:
+    """The session's vLLM fleet (started at collection); ``await fleet.ready(name)``."""
+    fleet = request.config.stash.get(_FLEET, None)
+    if fleet is None:  # collected without a vllm marker (e.g. -k): start it now
+        import tempfile
+
+        fleet = Fleet(Path(tempfile.mkdtemp(prefix="shadow-proxy-vllm-")))
+        request.config.stash[_FLEET] = fleet
+        fleet.launch()
+    return fleet
 
 
 @pytest.fixture(scope="session")

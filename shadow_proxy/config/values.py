@@ -46,7 +46,8 @@ class Context(Protocol):
 def _template_engine(value: str) -> str | None:
     if value in TEMPLATE_ENGINES:
         return None
-    return f"must be one of {', '.join(TEMPLATE_ENGINES)} (minijinja: Dynamo; jinja2: vLLM, SGLang)"
+    engines = ", ".join(TEMPLATE_ENGINES)
+    return f"must be one of {engines} (minijinja: Dynamo 1.6.1; jinja2: vLLM 0.32)"
 
 
 def _path(value: str, context: Context) -> str:
@@ -119,10 +120,11 @@ class ModelEntry:
         check=checks.at_least_1,
     )
     #: ``minijinja`` (Dynamo's engine and environment) or ``jinja2``
-    #: (transformers' sandbox, as vLLM and SGLang render).
+    #: (transformers' sandbox, as vLLM 0.32 renders; checked token-exact in
+    #: tests/integration/test_vllm.py).
     template_engine: TemplateEngine = key(
-        "How the chat template is rendered: as the frontend does (minijinja: Dynamo; "
-        "jinja2: vLLM, SGLang).",
+        "How the chat template is rendered: as the frontend does (minijinja: Dynamo 1.6.1; "
+        "jinja2: vLLM 0.32).",
         TemplateEngine.MINIJINJA,
         converter=TemplateEngine,
         check=_template_engine,

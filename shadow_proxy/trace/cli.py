@@ -1,7 +1,8 @@
 """``shadow-trace``: export captured records as traces, and report their KV-cache reuse.
 
     shadow-trace export SOURCE... --format mooncake|dynamo [--block-size B] -o OUT
-    shadow-trace analyze SOURCE... [--block-size 16,64,512] [--json PATH] [--plot PATH.png]
+    shadow-trace analyze SOURCE... [--block-size 16,64,512] [--capacity N] [--json PATH]
+                                   [--plot PATH.png]
 
 Exit status: 0 done (an empty source gives an empty trace and says so on stderr),
 2 bad arguments (unknown format, bad block size, unreadable source). A progress
@@ -182,6 +183,13 @@ def analyze_command(args: argparse.Namespace) -> int:
         )
     result = analysis.result()
     print(report.table(result))
+    predicted = _predicted(result, args.capacity)
+    for line in predicted:
+        print(
+            f"predicted hit rate with {line['capacity_blocks']} blocks of "
+            f"{line['block_size']} tokens (LRU): {100 * line['hit_rate']:.1f}% "
+            f"of {line['prompt_tokens']} prompt tokens in {line['requests']} requests"
+        )
     if args.json:
         document = {
             "command": command,
@@ -189,10 +197,42 @@ def analyze_command(args: argparse.Namespace) -> int:
             "block_sizes": list(args.block_size),
             **to_json(result),
         }
+        if predicted:
+            document["predicted"] = predicted
         Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     if args.plot:
         report.plot(result, Path(args.plot), command)
     return 0
+
+
+def _predicted(result: dict, capacity: int | None) -> list[dict]:
+    """The one hit rate of an engine's cache: ``capacity`` blocks (all models),
+    per block size; nothing without ``--capacity``."""
+    from shadow_proxy.trace.reuse import ALL
+
+    if capacity is None:
+        return []
+    return [
+        {
+            "block_size": block,
+            "capacity_blocks": capacity,
+            "hit_rate": curve.hit_rate(capacity),
+            "requests": curve.requests,
+            "prompt_tokens": curve.prompt_tokens,
+        }
+        for block, curve in sorted(result.get(ALL, {}).items())
+    ]
+
+
+def _capacity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        msg = f"'--capacity' must be a positive number of blocks (got {text!r})"
+        raise argparse.ArgumentTypeError(msg)
+    return value
 
 
 def _block_sizes(text: str) -> tuple[int, ...]:
@@ -253,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_block_sizes,
         default=(16, 64, 512),
         help="block sizes, comma-separated [16,64,512]",
+    )
+    analyze.add_argument(
+        "--capacity",
+        type=_capacity,
+        help="the engine's cache in blocks (vLLM: num_gpu_blocks - 1): print the one "
+        "predicted hit rate at that capacity, per block size",
     )
     analyze.add_argument("--json", help="write the report as JSON here")
     analyze.add_argument("--plot", help="draw hit rate against cache size to this PNG")

@@ -19,16 +19,13 @@ def run(pre: Preprocessor, route: Route, request: object) -> PreprocessedRequest
     return pre.preprocess(route, json.dumps(request).encode(), ARRIVAL_NS)
 
 
-def dynamo_messages(messages: list[dict]) -> list[dict]:
-    """The message rewrites Dynamo's frontend makes before templating (seen on the
-    real frontend): all-text part lists joined by newlines, tool-call arguments
-    parsed from JSON."""
+def vllm_messages(messages: list[dict]) -> list[dict]:
+    """The message rewrites vLLM 0.32 makes before templating for these cases
+    (both models' templates loop over content parts, so parts stay parts):
+    tool-call arguments parsed from JSON."""
     out = []
     for message in messages:
         message = dict(message)
-        content = message.get("content")
-        if isinstance(content, list) and all(p["type"] == "text" for p in content):
-            message["content"] = "\n".join(p["text"] for p in content)
         if message.get("tool_calls"):
             message["tool_calls"] = [
                 {
@@ -46,10 +43,10 @@ def dynamo_messages(messages: list[dict]) -> list[dict]:
 
 def expected_chat_ids(model, request: dict) -> list[int]:
     """Token ids worked out by the tokenizer's own apply_chat_template, on the
-    messages as Dynamo rewrites them."""
-    tools = None if request.get("tool_choice") == "none" else request.get("tools")
+    messages as vLLM rewrites them (``tools`` kept with ``tool_choice: none``)."""
+    tools = request.get("tools")
     out = model.tokenizer.apply_chat_template(
-        dynamo_messages(request["messages"]),
+        vllm_messages(request["messages"]),
         tools=tools,
         tokenize=True,
         add_generation_prompt=True,

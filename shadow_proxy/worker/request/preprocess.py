@@ -31,7 +31,7 @@ from typing import Any
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.worker.request import batch, identity, options, responses
+from shadow_proxy.worker.request import batch, identity, options, responses, vllm_responses
 from shadow_proxy.worker.request.body import decode_body
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
@@ -128,8 +128,11 @@ class Preprocessor:
         model = self._models.get(name)
         if model is None:
             raise Reject("unknown_model")
-        if route is Route.RESPONSES:  # rebuilt as the chat request 1.6.1 makes of it
-            request = responses.chat_request(request)
+        if route is Route.RESPONSES:  # rebuilt as the chat request the frontend makes of it
+            if model.template_engine == "jinja2":
+                request = vllm_responses.chat_request(request)
+            else:
+                request = responses.chat_request(request)
         if route is Route.COMPLETIONS and (many := batch.prompts(request)) is not None:
             return batch.PreprocessedBatch(
                 tuple(

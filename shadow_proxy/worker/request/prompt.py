@@ -37,8 +37,12 @@ def chat_tokens(
         raise Reject("missing_messages")
     if not isinstance(messages, list):
         raise Reject("invalid_field")
+    vllm = model.template_engine == "jinja2"
     for message in messages:
-        _check_message(message)
+        if not vllm:  # vLLM's checks are its normalisation's (templates/vllm_messages.py)
+            _check_message(message)
+        elif not isinstance(message, dict):
+            raise Reject("invalid_field")
         if message.get("role") == "user" and isinstance(message.get("content"), list):
             _gather_media(message["content"], multi_modal_data)
     tools = request.get("tools")
@@ -54,8 +58,9 @@ def chat_tokens(
     limit = model.max_prompt_bytes
     if limit is not None:
         # Dynamo's default leaves tools out with tool_choice none
-        # (--exclude-tools-when-tool-choice-none), so they do not count then.
-        counted = None if request.get("tool_choice") == "none" else tools
+        # (--exclude-tools-when-tool-choice-none), so they do not count then;
+        # vLLM's keeps them.
+        counted = None if request.get("tool_choice") == "none" and not vllm else tools
         if chat_text_over(messages, counted, limit):
             raise Reject("prompt_over_budget")  # not rendered, not encoded
     try:
@@ -64,7 +69,7 @@ def chat_tokens(
         raise
     except Exception:  # the template failed (raise_exception included): the frontend's 400
         raise Reject("template_error") from None
-    return encode(model, text)
+    return encode(model, text, keep_nul=vllm)
 
 
 def _check_message(message: Any) -> None:
@@ -91,9 +96,12 @@ def _gather_media(parts: list, multi_modal_data: dict) -> None:
     """URL references of user media parts, shaped as Dynamo serializes
     ``MultimodalData::Url`` (``{"Url": url}``), per part type, in order."""
     for part in parts:
-        kind = part["type"]
+        kind = part.get("type") if isinstance(part, dict) else None
         if kind in _MEDIA_PARTS:
-            multi_modal_data.setdefault(kind, []).append({"Url": part[kind]["url"]})
+            media = part.get(kind)
+            if not isinstance(media, dict) or not isinstance(media.get("url"), str):
+                raise Reject("invalid_field")
+            multi_modal_data.setdefault(kind, []).append({"Url": media["url"]})
 
 
 def completion_tokens(model: LoadedModel, request: dict, multi_modal_data: dict) -> list[int]:
@@ -107,8 +115,9 @@ def completion_tokens(model: LoadedModel, request: dict, multi_modal_data: dict)
         if embeds is not None:
             return []
         raise Reject("missing_prompt")
+    vllm = model.template_engine == "jinja2"
     if isinstance(prompt, str):
-        return encode(model, prompt)
+        return _with_specials(model, request, encode(model, prompt, keep_nul=vllm))
     if not isinstance(prompt, list) or not prompt:
         raise Reject("invalid_field")
     if all(is_int(item) for item in prompt):
@@ -118,13 +127,25 @@ def completion_tokens(model: LoadedModel, request: dict, multi_modal_data: dict)
     if len(prompt) > 1:
         raise Reject("batch_prompt")
     (single,) = prompt
-    return encode(model, single) if isinstance(single, str) else token_list(single)
+    if isinstance(single, str):
+        return _with_specials(model, request, encode(model, single, keep_nul=vllm))
+    return token_list(single)
 
 
-def encode(model: LoadedModel, text: str) -> list[int]:
+def _with_specials(model: LoadedModel, request: dict, ids: list[int]) -> list[int]:
+    """vLLM encodes a completions text with special tokens unless the request
+    says ``add_special_tokens: false`` (Dynamo never adds them)."""
+    if model.template_engine != "jinja2" or request.get("add_special_tokens", True) is False:
+        return ids
+    before, after = model.special_ids
+    return [*before, *ids, *after] if before or after else ids
+
+
+def encode(model: LoadedModel, text: str, *, keep_nul: bool = False) -> list[int]:
     """The prompt's ids: incrementally where the model's prompt encoder can (exact,
-    ``worker/request/incremental.py``), never past the prompt-bytes budget."""
-    if "\0" in text:  # Dynamo strips NULs to avoid tokenizer divergence
+    ``worker/request/incremental.py``), never past the prompt-bytes budget.
+    NULs are stripped first as Dynamo strips them, unless ``keep_nul`` (vLLM)."""
+    if "\0" in text and not keep_nul:  # Dynamo strips NULs to avoid tokenizer divergence
         text = text.replace("\0", "")
     limit = model.max_prompt_bytes
     if limit is not None and text_over(text, limit):

@@ -78,6 +78,12 @@ class LoadedModel:
     prompt_encoder: Any = None
     #: The prompt-bytes budget (``worker/budget.py``); None: no bound.
     max_prompt_bytes: int | None = None
+    #: Whose preprocessing the records reproduce: ``minijinja`` (Dynamo 1.6.1)
+    #: or ``jinja2`` (vLLM 0.32).
+    template_engine: str = "minijinja"
+    #: The ids transformers' tokenizer puts before and after a text it encodes
+    #: with special tokens (vLLM's completions, ``add_special_tokens`` true).
+    special_ids: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
 
     @functools.cached_property
     def tokenizer(self) -> Any:
@@ -148,7 +154,20 @@ def load_model(
         mdc_sum=checksum(path),
         path=path,
         backend=backend,
+        template_engine=template_engine,
+        special_ids=_special_ids(auto) if auto is not None else ((), ()),
     )
+
+
+def _special_ids(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """What ``tokenizer`` adds around a text with ``add_special_tokens`` (a BOS
+    before it, an EOS after it, or nothing), read off one probe encoding."""
+    bare = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return tuple(full[:start]), tuple(full[start + len(bare) :])
+    return (), ()
 
 
 def _auto_tokenizer(name: str, tokenizer: str, path: Path) -> Any:

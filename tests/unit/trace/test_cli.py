@@ -139,3 +139,29 @@ class TestAnalyze:
         assert main(["analyze", str(path), "--json", str(tmp_path / "j")]) == 0
         assert "nothing to analyze" in capsys.readouterr().err
         assert json.loads((tmp_path / "j").read_text())["all"]["64"]["requests"] == 0
+
+
+class TestCapacity:
+    """``analyze --capacity N``: the one predicted hit rate of an N-block cache."""
+
+    def test_predicted_line_and_json(self, tmp_path, capsys):
+        # Two requests sharing their first two 2-token blocks; the second hits 4 of 6 tokens.
+        records = [envelope(0, [1, 2, 3, 4, 5]), envelope(1, [1, 2, 3, 4, 9, 9])]
+        source = write_records(tmp_path / "r.bin", records)
+        out_json = tmp_path / "r.json"
+        args = ["analyze", str(source), "--block-size", "2", "--capacity", "2"]
+        assert main([*args, "--json", str(out_json)]) == 0
+        line = "predicted hit rate with 2 blocks of 2 tokens (LRU): 36.4% of 11 prompt tokens"
+        assert line in capsys.readouterr().out
+        (predicted,) = json.loads(out_json.read_text())["predicted"]
+        assert predicted["hit_rate"] == pytest.approx(4 / 11)
+        assert main([*args[:-1], "1"]) == 0
+        # touched leaf first, the first block stays: 2 of 11 tokens
+        assert "with 1 blocks of 2 tokens (LRU): 18.2%" in capsys.readouterr().out
+
+    def test_bad_capacity(self, tmp_path, capsys):
+        source = write_records(tmp_path / "r.bin", [envelope(0, [1, 2])])
+        with pytest.raises(SystemExit) as exit_info:
+            main(["analyze", str(source), "--capacity", "0"])
+        assert exit_info.value.code == 2
+        assert "'--capacity' must be a positive number of blocks" in capsys.readouterr().err

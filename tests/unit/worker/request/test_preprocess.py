@@ -57,7 +57,7 @@ class TestNotMirrored:
             {"nvext": {"backend_instance_id": "7"}},
             {"tools": "none"},
             {"chat_template_kwargs": [1]},
-            {"messages": [{"role": "robot", "content": "hi"}]},
+            {"messages": [{"role": 5, "content": "hi"}]},
             {"messages": [{"role": "user", "content": 5}]},
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
         ],
