@@ -9,7 +9,9 @@ counter values into a base that is added from then on, so a counter never
 goes backwards; gauges of a retired source simply disappear. A counter's
 increments between the source's last snapshot and its death are lost (at most
 one snapshot interval), unless the caller knows the final values and passes
-them with ``add``.
+them with ``add``. A ``*_created`` sample is a timestamp, not a count, and is
+never summed: the earliest any source reported stands (retired sources
+included, since the total still holds their counts).
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ _GROWING = frozenset({"counter", "histogram", "summary"})
 _Key = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
+def _is_created(sample_name: str) -> bool:
+    return sample_name.endswith("_created")
+
+
 def _grows(kind: str, sample_name: str) -> bool:
-    return kind in _GROWING and not sample_name.endswith("_created")
+    return kind in _GROWING and not _is_created(sample_name)
 
 
 class Totals:
@@ -35,13 +41,19 @@ class Totals:
     def __init__(self) -> None:
         self._current: dict[Hashable, list[Family]] = {}
         self._base: dict[_Key, float] = {}
+        #: The earliest ``*_created`` value seen per sample.
+        self._created: dict[_Key, float] = {}
         #: name -> (type, documentation), in first-seen order.
         self._meta: dict[str, tuple[str, str]] = {}
 
     def update(self, source: Hashable, families: list[Family]) -> None:
         self._current[source] = families
-        for name, kind, doc, _ in families:
+        for name, kind, doc, samples in families:
             self._meta.setdefault(name, (kind, doc))
+            for sample_name, labels, value in samples:
+                if _is_created(sample_name):
+                    key = (name, sample_name, tuple(sorted(labels.items())))
+                    self._created[key] = min(value, self._created.get(key, value))
 
     def retire(self, source: Hashable, keep: Callable[[str], bool] = lambda name: True) -> None:
         """The source is gone: its counters (of the families ``keep`` accepts) stay
@@ -72,7 +84,10 @@ class Totals:
                 into = sums[name]
                 for sample_name, labels, value in samples:
                     key = (sample_name, tuple(sorted(labels.items())))
-                    into[key] = into.get(key, 0) + value
+                    if _is_created(sample_name):
+                        into[key] = self._created[(name, *key)]
+                    else:
+                        into[key] = into.get(key, 0) + value
         result: list[Family] = []
         for name, (kind, doc) in self._meta.items():
             samples: list[Any] = [

@@ -52,3 +52,30 @@ class TestTotals:
         totals.retire("w", keep=lambda name: name != "x")
         totals.add("x", "counter", "doc", [("x_total", {"tap": "kv"}, 8)])
         assert samples(totals)[("x", "x_total", (("tap", "kv"),))] == 8
+
+
+def created(value: float, when: float) -> list:
+    return ["x", "counter", "doc", [["x_total", {}, value], ["x_created", {}, when]]]
+
+
+class TestCreated:
+    """``*_created`` is a timestamp, not a count: never summed across sources (issue 29)."""
+
+    def test_the_earliest_stands_not_the_sum(self):
+        totals = Totals()
+        totals.update("shard-0", [created(3, 1.7e9 + 5)])
+        totals.update("shard-1", [created(4, 1.7e9)])
+        got = samples(totals)
+        assert got[("x", "x_total", ())] == 7
+        assert got[("x", "x_created", ())] == 1.7e9
+
+    def test_a_replaced_source_does_not_move_it_later(self):
+        """The total still holds the retired source's counts, so it was created
+        when that source was."""
+        totals = Totals()
+        totals.update("shard-0", [created(3, 1.7e9)])
+        totals.retire("shard-0")
+        totals.update("shard-0b", [created(1, 1.7e9 + 60)])
+        got = samples(totals)
+        assert got[("x", "x_total", ())] == 4
+        assert got[("x", "x_created", ())] == 1.7e9
