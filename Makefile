@@ -8,17 +8,28 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 MODELS := .models/chatml/generation_config.json .models/deepseek/generation_config.json
 
-.PHONY: demo test lint format bench models dynamo aiperf clean
+.PHONY: demo test lint format bench models dynamo aiperf lock image-test clean
 
 # uv (from PyPI) installs the project and its dependencies: it downloads and
 # unpacks in parallel, minutes faster than pip on a machine with an empty cache.
+# Every version comes from the lock file (exact versions and sha256 hashes,
+# requirements/dev.txt; uv itself at its locked version), the build backend
+# from requirements/build.txt: a fresh clone gets the versions CI tested.
+# After a change to pyproject.toml's dependencies, `make lock` (scripts/lock.sh).
+LOCK := requirements/dev.txt
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet uv
+	$(PY) -m pip install --quiet "$$(grep -o '^uv==[^ ]*' $(LOCK))"
 
-$(STAMP): pyproject.toml | $(PY)
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev]'
+$(STAMP): pyproject.toml $(LOCK) requirements/build.txt | $(PY)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --require-hashes -r $(LOCK)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps \
+	  --build-constraints requirements/build.txt -e .
 	touch $@
+
+lock: | $(PY)
+	UV=$(VENV)/bin/uv scripts/lock.sh
 
 $(MODELS) &: $(STAMP) shadow_proxy/devtools/modeldirs.py
 	$(PY) -m shadow_proxy.devtools.modeldirs .models
