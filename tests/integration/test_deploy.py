@@ -333,10 +333,29 @@ class TestDockerfile:
         assert re.search(r"(?m)^USER 10001(:10001)?$", base)
         assert 'ENTRYPOINT ["shadow-proxy", "serve"]' in base
         assert 'CMD ["--config", "/etc/shadow-proxy/config.yaml"]' in base
-        assert re.search(r"(?m)^HEALTHCHECK .*SHADOW_PROXY_HEALTH_URL", base.replace("\\\n", " "))
-        assert "SHADOW_PROXY_HEALTH_URL=http://127.0.0.1:8080/healthz" in base
+        healthcheck = re.search(r"(?m)^HEALTHCHECK .*", base.replace("\\\n", " "))
+        assert healthcheck and "/opt/shadow-proxy/healthcheck.py" in healthcheck[0]
         assert not re.search(r"\b(gcc|build-essential|apt-get)\b", base)
         assert stages[-1].startswith("base AS runtime"), "the default target must be runtime"
+
+    def test_builds_from_any_python_base_offline(self) -> None:
+        """Issue 29: ``--build-arg BASE``; ``python3`` (Debian's Python has no
+        ``python``); no ``# syntax=`` line (BuildKit would fetch a frontend image);
+        every package from a lock file, with hashes, binary wheels only."""
+        text = (DEPLOY / "Dockerfile").read_text()
+        assert re.search(r"(?m)^ARG BASE=python:3\.11-slim$", text)
+        froms = re.findall(r"(?m)^FROM (\S+)", text)
+        assert set(froms) - {"scratch", "deps", "base"} == {"${BASE}"}, froms
+        assert not re.search(r"(?m)^#\s*syntax\s*=", text)
+        runs = " ".join(re.findall(r"(?ms)^RUN .*?[^\\]$", text))
+        assert not re.search(r"(^|[\s;&|])python\s", runs), "Debian's Python has no `python`"
+        installs = re.findall(r"pip --python \S+ install [^;]*", runs.replace("\\\n", " "))
+        locked = [i for i in installs if "-r " in i]
+        assert locked, installs
+        for install in locked:
+            assert "--require-hashes" in install and "--only-binary=:all:" in install, install
+            assert re.search(r"-r \"?requirements/image-", install), install
+        assert "id=pip.conf" in text and "id=ca.crt" in text, "pip's index and CA as build secrets"
 
     def test_exposes_the_proxy_and_tap_ports(self, config: dict[str, Any]) -> None:
         text = (DEPLOY / "Dockerfile").read_text()
@@ -344,7 +363,7 @@ class TestDockerfile:
         wanted = {config["listen"]["port"]} | {p for p, _ in tap_ports(config).values()}
         assert wanted <= exposed
 
-    def test_dockerignore_allows_only_the_package(self) -> None:
+    def test_dockerignore_allows_only_what_the_image_copies(self) -> None:
         lines = [
             s
             for s in (ROOT / ".dockerignore").read_text().splitlines()
@@ -352,7 +371,21 @@ class TestDockerfile:
         ]
         assert lines[0] == "*", "the ignore file must be an allow-list"
         allowed = {s[1:].rstrip("/") for s in lines if s.startswith("!")}
-        assert allowed == {"pyproject.toml", "README.md", "shadow_proxy"}
+        text = (DEPLOY / "Dockerfile").read_text()
+        copied = {
+            src.rstrip("/")
+            for args in re.findall(r"(?m)^COPY (?!--from)(.+)$", text)
+            for src in args.split()[:-1]
+            if not src.startswith("--")
+        }
+        assert copied == allowed
+        assert allowed == {
+            "pyproject.toml",
+            "README.md",
+            "requirements",
+            "deploy/healthcheck.py",
+            "shadow_proxy",
+        }
 
 
 # -- Kubernetes: schemas -------------------------------------------------------
