@@ -59,6 +59,18 @@ aiperf:
 test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The image lane (.ci/run runs it; docs/deploying.md): Debian's podman, buildah,
+# runc, catatonit and mmdebstrap, a bookworm base made with mmdebstrap (cached
+# on the machine: scripts/image-setup.sh), both images built from it, run in
+# front of the real Dynamo and played with podman kube play (tests/image, marker
+# `image`, not part of `make test`). Needs root. podman reads the lane's own
+# containers.conf; the machine's is left alone.
+IMAGE_TEST_ARGS ?= -q -p no:cacheprovider
+image-test: export CONTAINERS_CONF := $(CURDIR)/tests/image/containers.conf
+image-test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo)
+	scripts/image-setup.sh
+	$(PY) -m pytest tests/image -s $(IMAGE_TEST_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shadow_proxy tests bench
 	$(VENV)/bin/ruff format --check shadow_proxy tests bench

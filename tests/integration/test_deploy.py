@@ -194,7 +194,8 @@ def builtin(obj: dict[str, Any]) -> bool:
 def strategic_merge(base: Any, patch: Any, *, by_name: bool = True) -> Any:
     """Maps merge by key (a null deletes the key); lists of named maps
     (containers, ports, env, volumes ...) merge by name when ``by_name`` (a
-    built-in kind), else the patch's list replaces the base's, as kustomize does."""
+    built-in kind), else the patch's list replaces the base's, as kustomize does
+    (``test_the_loader_renders_what_kubectl_kustomize_renders``)."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = copy.deepcopy(base)
         for key, value in patch.items():
@@ -207,15 +208,13 @@ def strategic_merge(base: Any, patch: Any, *, by_name: bool = True) -> Any:
         return out
     named = by_name and isinstance(base, list) and isinstance(patch, list)
     if named and all(isinstance(i, dict) and "name" in i for i in base + patch):
-        out = copy.deepcopy(base)
-        names = [i["name"] for i in out]
-        for item in patch:
-            if item["name"] in names:
-                k = names.index(item["name"])
-                out[k] = strategic_merge(out[k], item)
-            else:
-                out.append(copy.deepcopy(item))
-        return out
+        # kustomize's order: the patch's items as the patch lists them, then
+        # the base's others as the base lists them.
+        by = {i["name"]: i for i in base}
+        merged = [strategic_merge(by[i["name"]], i) if i["name"] in by else i for i in patch]
+        patched = {i["name"] for i in patch}
+        rest = [i for i in base if i["name"] not in patched]
+        return copy.deepcopy(merged + rest)
     return copy.deepcopy(patch)
 
 
