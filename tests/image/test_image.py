@@ -4,6 +4,7 @@ base, installed from the lock files (issue 29 items 1, 3 and 5)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -72,6 +73,25 @@ def test_installed_from_the_lock_without_pip(
     dists = dict(found["dists"])
     assert dists.pop("shadow-proxy") == "0.1.0"
     assert dists == locked(lock, found["environment"]), f"exactly {lock}'s packages and versions"
+
+
+@pytest.mark.parametrize("variant", ["lean", "full"])
+def test_the_image_holds_this_checkouts_code(images: Images, podman: Podman, variant: str) -> None:
+    """Every module as the checkout has it: a cached layer must never keep old
+    code (buildah 1.28 reused the install step of a changed wheel)."""
+    script = (
+        "import hashlib, json, pathlib, shadow_proxy; "
+        "root = pathlib.Path(shadow_proxy.__file__).parent; "
+        "print(json.dumps({str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() "
+        "for p in root.rglob('*.py')}))"
+    )
+    done = podman("run", "--rm", "--entrypoint", "python3", getattr(images, variant), "-c", script)
+    package = ROOT / "shadow_proxy"
+    here = {
+        str(p.relative_to(package)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in package.rglob("*.py")
+    }
+    assert json.loads(done.stdout) == here
 
 
 def test_sizes(images: Images, podman: Podman) -> None:
