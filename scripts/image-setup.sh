@@ -7,7 +7,8 @@
 # Idempotent. The base is cached between runs on this machine: podman's image
 # store keeps it (labelled with a hash of the mmdebstrap command, so a changed
 # command makes it anew), and so does its tarball in $SHADOW_PROXY_IMAGE_CACHE.
-# Fresh: ~20 s of packages, ~40 s of mmdebstrap, ~6 s of import; cached: ~1 s.
+# Fresh: 60-140 s (packages, mmdebstrap, import; more on a loaded machine);
+# cached: under 1 s.
 # Needs root (apt-get, mmdebstrap); podman reads $CONTAINERS_CONF.
 set -euo pipefail
 
