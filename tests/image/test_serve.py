@@ -355,6 +355,12 @@ class TestShutdown:
         assert not running(podman, proxy.name)
 
 
+def jinja2_config(directory: Path, dynamo: Dynamo) -> tuple[Path, dict]:
+    """The chatml model rendered by transformers' jinja2, as vLLM would."""
+    model = {"name": "chatml", "tokenizer": "/models/chatml", "template_engine": "jinja2"}
+    return container_config(directory, dynamo, models=[model])
+
+
 @in_module_loop
 class TestVariants:
     """A ``jinja2`` model: one clear line from the lean image, served by the full one."""
@@ -362,11 +368,7 @@ class TestVariants:
     async def test_lean_refuses_a_jinja2_model_in_one_line(
         self, images: Images, podman: Podman, dynamo: Dynamo, tmp_path: Path
     ) -> None:
-        config, _ = container_config(
-            tmp_path,
-            dynamo,
-            models=[{"name": "chatml", "tokenizer": "/models/chatml", "template_engine": "jinja2"}],
-        )
+        config, _ = jinja2_config(tmp_path, dynamo)
         done = podman(
             "run",
             "--rm",
@@ -387,11 +389,7 @@ class TestVariants:
     async def test_full_serves_a_jinja2_model(
         self, images: Images, podman: Podman, dynamo: Dynamo, tmp_path: Path
     ) -> None:
-        config, mapping = container_config(
-            tmp_path,
-            dynamo,
-            models=[{"name": "chatml", "tokenizer": "/models/chatml", "template_engine": "jinja2"}],
-        )
+        config, mapping = jinja2_config(tmp_path, dynamo)
         name = run_detached(
             podman,
             "full",
