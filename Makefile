@@ -8,17 +8,28 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 MODELS := .models/chatml/generation_config.json .models/deepseek/generation_config.json
 
-.PHONY: demo test unit lint format bench models dynamo aiperf vllm clean
+.PHONY: demo test unit lint format bench models dynamo aiperf vllm lock image-test clean
 
 # uv (from PyPI) installs the project and its dependencies: it downloads and
 # unpacks in parallel, minutes faster than pip on a machine with an empty cache.
+# Every version comes from the lock file (exact versions and sha256 hashes,
+# requirements/dev.txt; uv itself at its locked version), the build backend
+# from requirements/build.txt: a fresh clone gets the versions CI tested.
+# After a change to pyproject.toml's dependencies, `make lock` (scripts/lock.sh).
+LOCK := requirements/dev.txt
+
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet uv
+	$(PY) -m pip install --quiet "$$(grep -o '^uv==[^ ]*' $(LOCK))"
 
-$(STAMP): pyproject.toml | $(PY)
-	$(VENV)/bin/uv pip install --quiet --python $(PY) -e '.[dev]'
+$(STAMP): pyproject.toml $(LOCK) requirements/build.txt | $(PY)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --require-hashes -r $(LOCK)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps \
+	  --build-constraints requirements/build.txt -e .
 	touch $@
+
+lock: | $(PY)
+	UV=$(VENV)/bin/uv scripts/lock.sh
 
 $(MODELS) &: $(STAMP) shadow_proxy/devtools/modeldirs.py
 	$(PY) -m shadow_proxy.devtools.modeldirs .models
@@ -66,6 +77,18 @@ test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf) $(if $
 # workers). `make test` runs them with the integration tests.
 unit: $(MODELS)
 	$(PY) -m pytest tests/unit -n 2 -q $(PYTEST_ARGS)
+
+# The image lane (.ci/run runs it; docs/deploying.md): Debian's podman, buildah,
+# runc, catatonit and mmdebstrap, a bookworm base made with mmdebstrap (cached
+# on the machine: scripts/image-setup.sh), both images built from it, run in
+# front of the real Dynamo and played with podman kube play (tests/image, marker
+# `image`, not part of `make test`). Needs root. podman reads the lane's own
+# containers.conf; the machine's is left alone.
+IMAGE_TEST_ARGS ?= -q -p no:cacheprovider
+image-test: export CONTAINERS_CONF := $(CURDIR)/tests/image/containers.conf
+image-test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo)
+	scripts/image-setup.sh
+	$(PY) -m pytest tests/image -s $(IMAGE_TEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shadow_proxy tests bench

@@ -1,9 +1,11 @@
 """The image's exact command line works from a fresh virtual environment.
 
-No container engine runs here, so this does what the Dockerfile's stages do:
-a new venv, the project installed into it as a wheel would be (not editable),
-then the runtime stage's ENTRYPOINT + CMD with the config path pointed at a
-temporary file. The proxy must answer /healthz, /readyz and /metrics.
+Without a container engine (the image lane, tests/image, has one), this does
+what the Dockerfile's stages do: a new venv, the lean image's lock file
+installed into it, the project as a wheel would be (not editable, no
+dependencies of its own), then the runtime stage's ENTRYPOINT + CMD with the
+config path pointed at a temporary file. The proxy must answer /healthz,
+/readyz and /metrics: the lean set is enough to serve.
 """
 
 from __future__ import annotations
@@ -42,14 +44,17 @@ def runtime_command() -> list[str]:
 def fresh_venv(tmp_path_factory):
     venv = tmp_path_factory.mktemp("image") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    # Not editable: the project's wheel and its dependencies, as the image's stage.
-    # uv (the dev venv has it: make installs with it) where pip takes a minute.
+    # As the image's stages: the lean lock (hashes checked), then the project, not
+    # editable, without dependencies. uv (make installs the dev venv with it)
+    # where pip takes a minute.
     uv = Path(sys.executable).parent / "uv"
     if uv.exists():
         install = [str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python")]
     else:
         install = [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*install, str(ROOT)], check=True, timeout=900)
+    lock = ROOT / "requirements" / "image-lean.txt"
+    subprocess.run([*install, "--require-hashes", "-r", str(lock)], check=True, timeout=900)
+    subprocess.run([*install, "--no-deps", str(ROOT)], check=True, timeout=900)
     return venv
 
 

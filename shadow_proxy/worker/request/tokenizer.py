@@ -172,7 +172,14 @@ def _special_ids(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def _auto_tokenizer(name: str, tokenizer: str, path: Path) -> Any:
     """transformers' tokenizer of ``path`` (imported here only: see ``LoadedModel.tokenizer``)."""
-    from transformers import AutoTokenizer
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:  # the lean image, or the package without its jinja2 extra
+        msg = (
+            f"model '{name}' has template_engine jinja2, which needs transformers: use the "
+            "full image (VARIANT=full) or pip install 'shadow-proxy[jinja2]'"
+        )
+        raise ModelLoadError(msg) from None
 
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -120,3 +120,14 @@ class TestNotCounts:
         assert samples(totals)[(name, name, ())] == 150
         totals.retire("a")
         assert samples(totals)[(name, name, ())] == 50
+
+    def test_a_replaced_source_does_not_move_created_later(self):
+        """The total still holds the gone source's counts, so it was created when
+        that source was."""
+        totals = Totals()
+        totals.update("shard-0", [counter(3, created=1.7e9)])
+        totals.retire("shard-0")
+        totals.update("shard-0b", [counter(1, created=1.7e9 + 60)])
+        got = samples(totals)
+        assert got[("x", "x_total", ())] == 4
+        assert got[("x", "x_created", ())] == 1.7e9

@@ -102,6 +102,15 @@ class TestWithoutTransformers:
         assert model.eos_token_ids[0] == model.backend.token_to_id(eos)
         assert model.eos_token_ids[0] == model.tokenizer.eos_token_id
 
+    def test_a_jinja2_model_without_transformers_says_what_to_install(
+        self, model_dirs, monkeypatch
+    ):
+        """The lean image has no transformers: a ``jinja2`` model is a plain
+        load error (exit 2 at start-up) naming the full image and the extra."""
+        monkeypatch.setitem(sys.modules, "transformers", None)  # import fails
+        with pytest.raises(ModelLoadError, match=r"needs transformers.*shadow-proxy\[jinja2\]"):
+            load_model("m", str(model_dirs["chatml"]), template_engine="jinja2")
+
     def test_no_tokenizer_json(self, model_dirs, tmp_path):
         bare = tmp_path / "slow"
         shutil.copytree(model_dirs["chatml"], bare)
