@@ -120,13 +120,13 @@ def _message(item: Any, previous: dict[str, Any] | None) -> dict[str, Any] | Non
         return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
     if kind in (None, "message") and item.get("role") == "assistant":
         content = item.get("content")
-        text = content if isinstance(content, str) else _first_text(content)
-        if text is None:
+        said = content if isinstance(content, str) else _first_text(content)
+        if said is None:
             raise _invalid()
         if assistant is not None and assistant.get("content") is None:
-            assistant["content"] = text
+            assistant["content"] = said
             return None
-        return {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": said}
     if kind in (None, "message") and isinstance(item.get("role"), str):
         return dict(item)
     raise _invalid()  # "Unsupported input item type"
