@@ -16,7 +16,10 @@ counter of the serving process, never the client's id) and the kind's meta:
 - ``z`` last: the serving process closes the pipe; nothing follows.
 
 ``head`` is ``HEAD_META`` then ``content-type\\ncontent-encoding`` in the
-first ``c`` or ``e`` message after the response started; empty otherwise.
+first ``c`` or ``e`` message after the response started; empty otherwise. Its
+offsets are from the request's arrival: when the response head came, and
+when the serving loop sent the request to the frontend (0: it was not sent,
+the proxy answered itself).
 
 On a byte stream (the Unix socket of the hand-off, the pipes between the
 worker's main and its shards) a message is a u32 total length, then each frame
@@ -35,7 +38,8 @@ KIND_HELLO = b"h"
 
 KEY = struct.Struct(">Q")
 REQUEST_META = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
-HEAD_META = struct.Struct(">HQ")  # status, offset_ns; then content-type \n content-encoding
+#: status, offset_ns, sent_offset_ns; then content-type \n content-encoding
+HEAD_META = struct.Struct(">HQQ")
 END_META = struct.Struct(">BQ")  # end kind, offset_ns
 HEADER = 1 + KEY.size
 
@@ -154,19 +158,23 @@ def unpack_encoding(frames: list[bytes]) -> str:
     return frames[4].decode("latin-1") if len(frames) > 4 else ""
 
 
-def pack_head(status: int, offset_ns: int, content_type: str, content_encoding: str) -> bytes:
-    """A head frame: the response's status, its offset and two header values."""
+def pack_head(
+    status: int, offset_ns: int, content_type: str, content_encoding: str, sent_offset_ns: int = 0
+) -> bytes:
+    """A head frame: the response's status, its offset, two header values and
+    when the request was sent upstream (0: not sent)."""
     text = f"{content_type}\n{content_encoding}".encode("latin-1", "replace")
-    return HEAD_META.pack(status, offset_ns) + text
+    return HEAD_META.pack(status, offset_ns, sent_offset_ns) + text
 
 
-def unpack_head(frame: bytes) -> tuple[int, int, str, str] | None:
-    """Status, offset, content-type and content-encoding from a head frame (or None)."""
+def unpack_head(frame: bytes) -> tuple[int, int, str, str, int] | None:
+    """Status, offset, content-type, content-encoding and the upstream send's
+    offset (0: not sent) from a head frame (or None)."""
     if not frame:
         return None
-    status, offset = HEAD_META.unpack_from(frame)
+    status, offset, sent = HEAD_META.unpack_from(frame)
     content_type, _, content_encoding = frame[HEAD_META.size :].decode("latin-1").partition("\n")
-    return status, offset, content_type, content_encoding
+    return status, offset, content_type, content_encoding, sent
 
 
 def pack_chunks(offsets: list[int], chunks: list[bytes]) -> tuple[bytes, bytes]:

@@ -275,10 +275,14 @@ class Capture:
         self._bytes = 0
         self._head = b""
 
-    def head(self, status: int, content_type: str, content_encoding: str) -> None:
-        """The response started; sent with the next chunk batch or the end."""
+    def head(
+        self, status: int, content_type: str, content_encoding: str, sent_mono_ns: int = 0
+    ) -> None:
+        """The response started; sent with the next chunk batch or the end.
+        ``sent_mono_ns``: when the request was sent to the frontend (0: it was not)."""
         offset = time.monotonic_ns() - self._arrival
-        self._head = hf.pack_head(status, offset, content_type, content_encoding)
+        sent = max(1, sent_mono_ns - self._arrival) if sent_mono_ns else 0
+        self._head = hf.pack_head(status, offset, content_type, content_encoding, sent)
 
     def chunk(self, data: bytes) -> None:
         if self._lost:

@@ -215,6 +215,9 @@ class ProxyHandler:
             data = _slices(body)
         end, detail = EndKind.CLEAN, ""
         proxy_answer: web.Response | None = None
+        # When the frontend gets the request: a record's latencies start here, as
+        # a replayer's start when it sends (the client's body upload excluded).
+        sent_mono_ns = time.monotonic_ns()
         try:
             async with self.session.request(
                 request.method, url, headers=headers, data=data, allow_redirects=False
@@ -233,6 +236,7 @@ class ProxyHandler:
                         upstream.status,
                         upstream.headers.get("Content-Type", ""),
                         upstream.headers.get("Content-Encoding", ""),
+                        sent_mono_ns,
                     )
                 await response.prepare(request)
                 end, detail = await self._stream(

@@ -363,6 +363,6 @@ def reported_prompt_tokens(usage: dict[str, Any] | None) -> Any:
     return usage.get("prompt_tokens", usage.get("input_tokens"))
 
 
-def _head_args(head: tuple[int, int, str, str]) -> tuple[int, str, str, int]:
-    status, offset, content_type, content_encoding = head
-    return status, content_type, content_encoding, offset
+def _head_args(head: tuple[int, int, str, str, int]) -> tuple[int, str, str, int, int]:
+    status, offset, content_type, content_encoding, sent = head
+    return status, content_type, content_encoding, offset, sent

@@ -32,7 +32,7 @@ class TestHeader:
 
     def test_layout_sizes(self) -> None:
         assert hf.HEADER == 9
-        assert (hf.REQUEST_META.size, hf.HEAD_META.size, hf.END_META.size) == (25, 10, 9)
+        assert (hf.REQUEST_META.size, hf.HEAD_META.size, hf.END_META.size) == (25, 18, 9)
         kinds = {hf.KIND_REQUEST, hf.KIND_CHUNK, hf.KIND_END, hf.KIND_LAST}
         assert len(kinds) == 4 and all(len(k) == 1 for k in kinds)
 
@@ -42,20 +42,23 @@ class TestHeader:
 
 
 class TestHead:
-    """The response head: status, offset, content type and encoding."""
+    """The response head: status, offset, content type and encoding, and when the
+    request was sent upstream."""
 
     def test_round_trip(self) -> None:
-        frame = hf.pack_head(200, 12_345, "text/event-stream; charset=utf-8", "gzip")
-        assert hf.unpack_head(frame) == (200, 12_345, "text/event-stream; charset=utf-8", "gzip")
+        frame = hf.pack_head(200, 12_345, "text/event-stream; charset=utf-8", "gzip", 678)
+        assert hf.unpack_head(frame) == (
+            200, 12_345, "text/event-stream; charset=utf-8", "gzip", 678
+        )  # fmt: skip
 
     def test_empty_values(self) -> None:
-        assert hf.unpack_head(hf.pack_head(502, 0, "", "")) == (502, 0, "", "")
+        assert hf.unpack_head(hf.pack_head(502, 0, "", "")) == (502, 0, "", "", 0)
 
     def test_no_head(self) -> None:
         assert hf.unpack_head(b"") is None
 
     def test_non_latin1_header_text_is_replaced_not_raised(self) -> None:
-        _, _, content_type, _ = hf.unpack_head(hf.pack_head(200, 1, "text/plain; x=日本", ""))
+        _, _, content_type, _, _ = hf.unpack_head(hf.pack_head(200, 1, "text/plain; x=日本", ""))
         assert content_type == "text/plain; x=??"
 
 

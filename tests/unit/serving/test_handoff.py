@@ -62,17 +62,19 @@ class TestMessages:
 
     async def test_a_short_stream_is_two_messages(self, channel) -> None:
         handoff, reader, _ = channel
-        capture = handoff.open(Route.CHAT, "r", b"{}", 1, time.monotonic_ns())
+        arrival = time.monotonic_ns()
+        capture = handoff.open(Route.CHAT, "r", b"{}", 1, arrival)
         await receive(reader)
-        capture.head(200, "text/event-stream", "gzip")
+        capture.head(200, "text/event-stream", "gzip", arrival + 5_000)
         for chunk in (b"data: a\n\n", b"data: b\n\n"):
             capture.chunk(chunk)
         capture.end(EndKind.CLEAN)
         first, head, detail, index, data = await receive(reader)
         kind, _, meta = hf.split_header(first)
         assert kind == hf.KIND_END and EndKind(hf.END_META.unpack(meta)[0]) is EndKind.CLEAN
-        status, _, content_type, encoding = hf.unpack_head(head)
+        status, offset, content_type, encoding, sent = hf.unpack_head(head)
         assert (status, content_type, encoding, detail) == (200, "text/event-stream", "gzip", b"")
+        assert sent == 5_000 and offset >= sent  # the request went upstream, then the head came
         pairs = hf.unpack_chunks(index, data)
         assert [c for c, _ in pairs] == [b"data: a\n\n", b"data: b\n\n"]
         offsets = [o for _, o in pairs]
