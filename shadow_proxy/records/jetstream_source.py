@@ -36,6 +36,9 @@ acknowledges once its output is written) ends there too, and says so on
 
 Acknowledgements hold only the message's reply subject, not its data: a
 caller may keep them until its result is written without keeping the records.
+A reader that stops in the middle of a fetched batch (``--max-records``)
+gives the rest back at once (a negative acknowledgement), so the next reader
+gets them without waiting for ``ack_wait``.
 
 A missing stream is a ``SourceError`` unless the source was opened with
 ``wait_for_stream``: then it is looked for again every ``STREAM_POLL_S`` (a
@@ -52,6 +55,7 @@ its own).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -209,12 +213,19 @@ class JetStreamSource(RecordSource):
                     await self._hint_other_subjects()
                 continue
             hinted = True  # something arrives on the subject: it is the right one
-            for message in messages:
-                delivery = self._delivery(message)
-                if delivery is None or delivery.heartbeat is not None:
-                    await message.ack()
-                if delivery is not None:
-                    yield delivery
+            taken = 0
+            try:
+                for message in messages:
+                    taken += 1
+                    delivery = self._delivery(message)
+                    if delivery is None or delivery.heartbeat is not None:
+                        await message.ack()
+                    if delivery is not None:
+                        yield delivery
+            finally:  # the reader stopped mid-batch: the rest is for the next one, now
+                for message in messages[taken:]:
+                    with contextlib.suppress(nats.errors.Error):
+                        await message.nak()
             if self.stop_at_end and messages[-1].metadata.num_pending == 0:
                 return
 

@@ -74,6 +74,13 @@ class Delivery:
         if self._ack is not None:
             await self._ack()
 
+    @property
+    def acknowledgement(self) -> Callable[[], Awaitable[None]] | None:
+        """The acknowledgement alone (it holds no record: JetStream's holds the
+        reply subject), for a caller that acknowledges once its result is
+        written; None where there is nothing to acknowledge."""
+        return self._ack
+
 
 @attrs.define
 class SourceStats:

@@ -22,7 +22,7 @@ import asyncio
 import shlex
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,23 +42,25 @@ REDELIVERING_WINDOW = 1024
 
 
 async def deliveries_of(
-    source: sources.RecordSource, window: int = sources.DEFAULT_REORDER_WINDOW
+    source: sources.RecordSource,
+    window: int = sources.DEFAULT_REORDER_WINDOW,
+    deliveries: AsyncIterable[sources.Delivery] | None = None,
 ) -> AsyncIterator[sources.Delivery]:
-    """The source's deliveries; files (and streams read to their end)
-    re-sorted by arrival within ``window`` records (a record file is in publish
-    order, and joined records are published at their response's end). The
-    replay acknowledges each once its pair is written; the source is closed
-    at the end."""
-    deliveries = source.deliveries()
+    """The source's deliveries (or ``deliveries``, the source's limited: N
+    records read means N taken from the source); files (and streams read to
+    their end) re-sorted by arrival within ``window`` records (a record file is
+    in publish order, and joined records are published at their response's
+    end). The replay acknowledges each once its pair is written, so the source
+    stays open after the last one (its caller closes it)."""
+    stream: AsyncIterable[sources.Delivery] = (
+        source.deliveries() if deliveries is None else deliveries
+    )
     if not source.live:
         if source.redelivers:
             window = min(window, REDELIVERING_WINDOW)
-        deliveries = sources.in_arrival_order(deliveries, window)
-    try:
-        async for delivery in deliveries:
-            yield delivery
-    finally:
-        await source.aclose()
+        stream = sources.in_arrival_order(aiter(stream), window)
+    async for delivery in stream:
+        yield delivery
 
 
 # --------------------------------------------------------------------------- arguments
@@ -289,7 +291,9 @@ async def _main(
     try:
         await replay.check_targets()
         await source.open()
-        return await replay.run(deliveries_of(source, window), lambda: source.stats.unreadable)
+        limited = replay.limit(source.deliveries())
+        records = deliveries_of(source, window, limited)
+        return await replay.run(records, lambda: source.stats.unreadable, limited=limited)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

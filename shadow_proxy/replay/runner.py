@@ -2,7 +2,7 @@
 
 ``Replay.run`` runs once per invocation of ``shadow-replay``. It takes an async
 iterable of records (``sources.Delivery`` values, or decoded envelopes), reads
-at most ``max_records`` of them or for ``duration_s`` (``records.limits``),
+at most ``max_records`` of them or for ``duration_s`` (``Replay.limit``),
 builds each record's request (``request.build_request``; records that cannot
 be replayed are counted by reason), paces them (``schedule.Scheduler``), sends
 each to the candidate and, with a baseline, to the baseline at the same moment,
@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Protocol, TextIO, TypeVar
 
 import attrs
 
@@ -61,6 +61,7 @@ PROGRESS_INTERVAL_S = 0.5
 #: ``summary["run"]["stopped_by"]`` values.
 STOPPED_BY = ("end", "max_records", "duration", "signal", "error")
 
+T = TypeVar("T")
 Ack = Callable[[], Awaitable[None]]
 Item = tuple[Mapping[str, Any], CandidateRequest, Ack | None]
 
@@ -181,12 +182,22 @@ class Replay:
             finally:
                 await client.close()
 
+    def limit(self, records: AsyncIterable[T]) -> Limited[T]:
+        """``records`` up to ``--max-records`` / ``--duration``. A caller that
+        reorders records (files) limits before, so that no more than N are read,
+        and passes the result to ``run`` as ``limited``."""
+        return Limited(records, max_records=self.options.max_records,
+                       duration_s=self.options.duration_s)  # fmt: skip
+
     async def run(
         self,
         records: AsyncIterable[Record],
         unreadable: Callable[[], Mapping[str, int]] | None = None,
+        *,
+        limited: Limited[Any] | None = None,
     ) -> dict[str, Any]:
-        """Replay the records; returns the summary (also written to DIR)."""
+        """Replay the records (limited here unless ``limited`` says the caller
+        did); returns the summary (also written to DIR)."""
         o = self.options
         started_wall = datetime.datetime.now(datetime.UTC)
         started = time.monotonic()
@@ -195,11 +206,12 @@ class Replay:
         self._pairs = PairsWriter(o.out_dir)
         self._candidate = self._client("candidate")
         self._baseline = self._client("baseline") if "baseline" in o.targets else None
-        limited = Limited(records, max_records=o.max_records, duration_s=o.duration_s)
+        if limited is None:
+            records = limited = self.limit(records)
         progress = asyncio.create_task(self._progress(started)) if self.err.isatty() else None
         failure: BaseException | None = None
         try:
-            await self.scheduler.run(self._items(limited))
+            await self.scheduler.run(self._items(records))
             stopped_by = limited.stopped_by or "end"
         except asyncio.CancelledError:
             stopped_by = "signal"
