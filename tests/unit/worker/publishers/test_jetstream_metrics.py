@@ -62,7 +62,8 @@ class TestCollector:
         assert value("shadow_nats_reconnects_total") == 1
         problems = {r: value("shadow_nats_stream_problems_total", {"reason": r})
                     for r in STREAM_PROBLEMS}  # fmt: skip
-        assert problems == {"subjects": 4, "refused": 0, "unavailable": 0, "no_stream": 0}
+        assert problems == {"subjects": 4, "refused": 0, "missing": 0, "unavailable": 0,
+                            "no_answer": 0}  # fmt: skip
 
     def test_reads_the_current_numbers(self) -> None:
         link = LinkStats()
