@@ -18,7 +18,7 @@ from shadow_proxy.consumer.main import run_consumer
 from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.records import files, sources
 from shadow_proxy.records.wire import decode_envelope
-from shadow_proxy.replay.cli import envelopes_of
+from shadow_proxy.replay.cli import deliveries_of
 from tests.support.servers import proxy_config, run_proxy
 
 
@@ -100,4 +100,4 @@ def load_records(directory: Path) -> list[dict[str, Any]]:
 def file_records(source: Path):
     """What the replay reads from a record set: (envelopes, unreadable counts)."""
     record_source = sources.FileSource(files.expand([source]))
-    return envelopes_of(record_source), lambda: record_source.stats.unreadable
+    return deliveries_of(record_source), lambda: record_source.stats.unreadable
