@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         DEFAULT_MAX_ERROR_RATE,
         DEFAULT_MIN_DIFF_MS,
         DEFAULT_TOLERANCE,
+        DEFAULT_TOLERANCE_WITHOUT_BASELINE,
     )
 
     parser = argparse.ArgumentParser(
@@ -172,9 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tolerance",
         type=non_negative(),
-        default=DEFAULT_TOLERANCE,
+        metavar="T",
         help="a latency ratio counts only outside [1/(1+T), 1+T] (whole 95%% interval) "
-        "[%(default)s]",
+        f"[{DEFAULT_TOLERANCE} with --baseline; {DEFAULT_TOLERANCE_WITHOUT_BASELINE} without: "
+        "the primary was measured on another path, through the frontend's tokenizer]",
     )
     parser.add_argument(
         "--min-diff-ms",

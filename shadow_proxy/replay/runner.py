@@ -54,7 +54,7 @@ from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES, Samples, Tally
 from shadow_proxy.replay.verdicts import (
     DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MIN_DIFF_MS,
-    DEFAULT_TOLERANCE,
+    default_tolerance,
 )
 
 PROGRESS_INTERVAL_S = 0.5
@@ -98,7 +98,8 @@ class ReplayOptions:
     model: str | None = None
     compare: bool = True
     live: bool = False
-    tolerance: float = DEFAULT_TOLERANCE
+    #: None: ``verdicts.default_tolerance`` (5% with a baseline, 50% without).
+    tolerance: float | None = None
     min_diff_ms: float = DEFAULT_MIN_DIFF_MS
     tokenizer: Path | None = None
     request_id_header: str = DEFAULT_REQUEST_ID_HEADER
@@ -137,9 +138,12 @@ class Replay:
         self.options = options
         self.command = command
         self.err = err if err is not None else sys.stderr
+        has_baseline = options.baseline is not None and options.compare
         self.tally = Tally(
-            has_baseline=options.baseline is not None and options.compare,
-            tolerance=options.tolerance,
+            has_baseline=has_baseline,
+            tolerance=default_tolerance(has_baseline)
+            if options.tolerance is None
+            else options.tolerance,
             min_diff_ms=options.min_diff_ms,
             max_error_rate=options.max_error_rate,
             samples=Samples(max_samples=options.max_samples),
@@ -158,6 +162,7 @@ class Replay:
         self._candidate: CandidateClient | None = None
         self._baseline: CandidateClient | None = None
         self._pairs: PairsWriter | None = None
+        self._sends = 0
         #: Bytes read of the source and in all, for the progress line (files).
         self.progress_of: Callable[[], tuple[int, int] | None] | None = None
 
@@ -295,9 +300,19 @@ class Replay:
             candidate = await self._candidate.send(request)
             baseline: Observation | None = None
         else:
-            candidate, baseline = await asyncio.gather(
-                self._candidate.send(request), self._baseline.send(request)
-            )
+            # Both at the same moment, each sent first every other time: the one
+            # sent first gets ahead (one deployment serving both queues the
+            # second; two on one machine share its CPU), which would read as a
+            # difference.
+            self._sends += 1
+            if self._sends % 2:
+                candidate, baseline = await asyncio.gather(
+                    self._candidate.send(request), self._baseline.send(request)
+                )
+            else:
+                baseline, candidate = await asyncio.gather(
+                    self._baseline.send(request), self._candidate.send(request)
+                )
         line: dict[str, Any] = {
             "request_id": request.request_id,
             "tap": envelope.get("tap"),

@@ -247,7 +247,7 @@ class Capture:
 
     Chunks are batched: the capture keeps references to at most
     ``BATCH_CHUNKS`` chunks or ``BATCH_BYTES`` bytes (each with the monotonic
-    offset at which it was written to the client), then sends them as one
+    offset at which it came from the frontend), then sends them as one
     message; the end message carries the rest. The response head (status,
     content type and encoding) travels with the first of these. A short
     stream costs two messages (request, end) instead of one per chunk.
@@ -284,12 +284,14 @@ class Capture:
         sent = max(1, sent_mono_ns - self._arrival) if sent_mono_ns else 0
         self._head = hf.pack_head(status, offset, content_type, content_encoding, sent)
 
-    def chunk(self, data: bytes) -> None:
+    def chunk(self, data: bytes, received_mono_ns: int = 0) -> None:
+        """A chunk the client was sent; ``received_mono_ns``: when it came from
+        the frontend (default: now)."""
         if self._lost:
             return
         chunks, offsets = self._chunks, self._offsets
         chunks.append(data)
-        offsets.append(time.monotonic_ns() - self._arrival)
+        offsets.append((received_mono_ns or time.monotonic_ns()) - self._arrival)
         if not self._full:
             if len(chunks) > self.TAIL_CHUNKS:
                 del chunks[0], offsets[0]

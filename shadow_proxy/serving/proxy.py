@@ -306,9 +306,12 @@ class ProxyHandler:
                 chunk = await content.readany()
                 if not chunk:
                     break
+                # When the frontend's bytes came (a record's token offsets), before
+                # the write to the client, as a replayer times its own reads.
+                received = time.monotonic_ns()
                 if first:
                     first = False
-                    ttfb = (time.monotonic_ns() - arrival_mono_ns) / 1e9
+                    ttfb = (received - arrival_mono_ns) / 1e9
                     self.metrics.stats.first_byte(route.label, ttfb)
                 try:
                     await response.write(chunk)
@@ -319,7 +322,7 @@ class ProxyHandler:
                     # caught here so it is not taken for a broken frontend.
                     raise _ClientGone(response) from e
                 if capture is not None:
-                    capture.chunk(chunk)
+                    capture.chunk(chunk, received)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self.metrics.upstream_errors.labels("read_timeout").inc()
             self.oplog.log(

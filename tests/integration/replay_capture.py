@@ -61,16 +61,18 @@ async def capture(
     *,
     max_bytes: int = 1 << 30,
     gap_s: float = 0.01,
+    worker: dict[str, Any] | None = None,
 ) -> Path:
     """Send ``(request_id, chat body)`` pairs through a proxy in front of
     ``upstream`` one at a time; returns the directory of the record set once
-    the consumer has every joined record."""
+    the consumer has every joined record. ``worker``: the tap worker's
+    settings (default: the tests' priority, ``servers.TEST_WORKER``)."""
     endpoint = f"tcp://127.0.0.1:{reserve_port()}"
     taps = [
         {"name": "joined", "topic": "joined", "capture": "request_response", "emit": "joined",
          "endpoint": endpoint, "capacity": 4096},
     ]  # fmt: skip
-    config = proxy_config(upstream, models=list(models), taps=taps)
+    config = proxy_config(upstream, models=list(models), taps=taps, worker=worker or {})
     consumer = Consumer(endpoint, "joined", out, max_bytes)
     try:
         async with run_proxy(config) as (url, _registry, _app):

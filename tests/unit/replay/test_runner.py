@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from shadow_proxy.devtools.frontend import MockConfig, serve_mock_frontend
@@ -180,6 +181,47 @@ class TestCancelled:
         assert summary["run"]["stopped_by"] == "signal"
         assert run.cancelling() == 0  # the run took the cancellation as its end
         assert "interrupted" in (tmp_path / "report.md").read_text()
+
+
+class TestBaselineOrder:
+    """With a baseline, both copies go at the same moment and each is sent first
+    every other time (the first sent gets ahead: it read as a difference)."""
+
+    async def test_alternates(self, loaded: dict, tmp_path: Path):
+        from aiohttp import web
+
+        from tests.support.servers import serve
+
+        arrivals: list[str] = []
+
+        async def completions(request: web.Request) -> web.StreamResponse:
+            arrivals.append(request.headers["x-request-id"].rsplit("-", 1)[1])
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            choice = {"index": 0, "text": "x", "finish_reason": "length"}
+            await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            return response
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        async with serve(app) as url:
+            opts = options(tmp_path, url, baseline=url)
+            opts = ReplayOptions(**{**attrs.asdict(opts, recurse=False), "concurrency": 1})
+            records = [joined_record(k, "x", max_tokens=1) for k in range(6)]
+            summary = await Replay(opts, "t").run(feed(records))
+        assert summary["replayed"] == 6 and summary["tolerance"] == 0.05
+        firsts = arrivals[::2]
+        assert firsts.count("candidate") == firsts.count("baseline") == 3
+
+    async def test_default_tolerance(self, fast: str, tmp_path: Path):
+        """Against the primary alone the band is [0.67, 1.5] (another path: the
+        frontend's template and tokenizer), against a baseline 5%."""
+        records = [joined_record(0, "x", max_tokens=2)]
+        alone = await Replay(options(tmp_path / "a", fast), "t").run(feed(records))
+        assert alone["tolerance"] == 0.5
+        given = await Replay(options(tmp_path / "b", fast, tolerance=0.1), "t").run(feed(records))
+        assert given["tolerance"] == 0.1
 
 
 class TestTokenizer:
