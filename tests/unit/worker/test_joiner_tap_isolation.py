@@ -34,7 +34,7 @@ def joiner_factory(model_dirs: dict[str, Path]):
                     ("private", ["strip-agent-context"]),
                     ("last", []),
                     ("lean", ["tokens-only"]),
-                ]  # fmt: skip
+                ]
             )
         ]
         config = Config.from_mapping(
