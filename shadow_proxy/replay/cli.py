@@ -291,8 +291,8 @@ async def _main(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, sig)
     try:
+        await source.open()  # what is replayed first: a missing stream is said before a target
         await replay.check_targets()
-        await source.open()
         limited = replay.limit(source.deliveries())
         records = deliveries_of(source, window, limited)
         return await replay.run(records, lambda: source.stats.unreadable, limited=limited)

@@ -25,6 +25,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -112,8 +113,11 @@ async def _collect(
 
     reading = asyncio.create_task(read())
     loop = asyncio.get_running_loop()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    for sig in signals:  # a live source read until Ctrl-C: stop reading, keep what was read
+    # A live source read until Ctrl-C: stop reading, keep what was read (signal
+    # handlers are the main thread's; run elsewhere, as a library, there are none).
+    main = threading.current_thread() is threading.main_thread()
+    signals = (signal.SIGINT, signal.SIGTERM) if main else ()
+    for sig in signals:
         loop.add_signal_handler(sig, reading.cancel)
     try:
         with contextlib.suppress(asyncio.CancelledError):
