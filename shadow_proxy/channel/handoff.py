@@ -54,7 +54,8 @@ HEADER = 1 + KEY.size
 #: The key of the messages that are not about a request.
 NO_KEY = KEY.pack(0)
 _REQUEST = struct.Struct(">BQQQ")  # route, arrival_unix_ns, arrival_mono_ns, lost_before
-_HEAD = struct.Struct(">HQ")  # status, offset_ns; then content-type \n content-encoding
+#: status, offset_ns, sent_offset_ns; then content-type \n content-encoding
+_HEAD = struct.Struct(">HQQ")
 _END = struct.Struct(">BQ")  # end kind, offset_ns
 #: A request message's frames: meta, request id, body, engine headers, content-encoding.
 _HEADERS_FRAME = 3
@@ -152,24 +153,28 @@ class Request:
 
 @attrs.define
 class Head:
-    """The response's start: its status, when its headers arrived, two header values."""
+    """The response's start: its status, when its headers arrived, two header values,
+    and when the serving loop sent the request to the frontend. Offsets are from
+    the request's arrival; ``sent_offset_ns`` is 0 where the request was not sent
+    (the proxy answered itself)."""
 
     status: int
     offset_ns: int
     content_type: str
     content_encoding: str
+    sent_offset_ns: int = 0
 
     def encode(self) -> bytes:
         text = f"{self.content_type}\n{self.content_encoding}".encode("latin-1", "replace")
-        return _HEAD.pack(self.status, self.offset_ns) + text
+        return _HEAD.pack(self.status, self.offset_ns, self.sent_offset_ns) + text
 
     @classmethod
     def decode(cls, frame: bytes) -> Head | None:
         if not frame:
             return None
-        status, offset = _HEAD.unpack_from(frame)
+        status, offset, sent = _HEAD.unpack_from(frame)
         content_type, _, encoding = frame[_HEAD.size :].decode("latin-1").partition("\n")
-        return cls(status, offset, content_type, encoding)
+        return cls(status, offset, content_type, encoding, sent)
 
 
 def _pack_chunks(offsets: list[int], data: list[bytes]) -> tuple[bytes, bytes]:

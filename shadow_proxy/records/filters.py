@@ -89,9 +89,12 @@ ROUTING_SESSION_KEYS = frozenset({"session_id", "conversation_id"})
 #: every key whose name says session or conversation, at any depth (other
 #: frontends, or future ones, may put ids there).
 SESSION_FIELDS = ("agent_context", "image_cache_scope")
-#: Nesting a projection walks at most; deeper input is a ``ProjectionError``
-#: (that tap's record is dropped and counted, the other taps are unaffected).
-MAX_DEPTH = 64
+#: Nesting a projection walks at most: 128 levels, what Dynamo 1.6.1's JSON
+#: parser accepts (and the bound of the encoder's own walk, ``worker/encoding.py``),
+#: so whatever that frontend accepts, a tap that strips session keys copies.
+#: Deeper input is a ``ProjectionError`` (that tap's record is dropped and
+#: counted, the other taps are unaffected).
+MAX_DEPTH = 128
 
 _MAX_TOKENS_RE = re.compile(r"max-tokens=(?P<n>.*)")
 _PREFIX_TOKENS = 64

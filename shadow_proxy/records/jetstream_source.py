@@ -25,6 +25,21 @@ transport fields: ``publisher_id`` from ``Shadow-Publisher-Id``, ``sequence``
 from ``Shadow-Transport-Seq`` (dense per publisher: a gap is a record lost
 after the publisher took it over), ``published_at`` the stream's timestamp.
 
+With ``stop_at_end`` (``--stop-at-end``) the source is a batch read of what
+the stream holds: it ends once the durable has delivered everything (the
+``num_pending`` of the last message delivered, or of the consumer's info after
+a fetch that came back empty, is 0), and it is not ``live`` (a tool paces its
+records as it paces a file's). A durable lets at most its ``max_ack_pending``
+records be unacknowledged: a reader that holds them all (``shadow-trace``
+acknowledges once its output is written) ends there too, and says so on
+``log``; the rest is for the next run.
+
+Acknowledgements hold only the message's reply subject, not its data: a
+caller may keep them until its result is written without keeping the records.
+A reader that stops in the middle of a fetched batch (``--max-records``)
+gives the rest back at once (a negative acknowledgement), so the next reader
+gets them without waiting for ``ack_wait``.
+
 A missing stream is a ``SourceError`` unless the source was opened with
 ``wait_for_stream``: then it is looked for again every ``STREAM_POLL_S`` (a
 consumer started before any proxy has created the stream, as pods start in
@@ -40,8 +55,9 @@ its own).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
@@ -67,6 +83,8 @@ STREAM_POLL_S = 1.0
 #: every second), a reader with a log says which subjects the stream holds.
 HINT_AFTER_S = 5.0
 HINT_SUBJECTS = 5
+#: JetStream's acknowledgement body.
+ACK = b"+ACK"
 
 
 def default_subject(tap: str, topic: str | None = None) -> str:
@@ -91,6 +109,7 @@ class JetStreamSource(RecordSource):
         subject: str | None = None,
         ack_wait_s: float = DEFAULT_ACK_WAIT_S,
         batch: int = DEFAULT_BATCH,
+        stop_at_end: bool = False,
         wait_for_stream: bool = False,
         log: Callable[[str], None] | None = None,
         **kwargs: Any,
@@ -106,6 +125,8 @@ class JetStreamSource(RecordSource):
         self.endpoints = self.servers
         self.ack_wait_s = ack_wait_s
         self.batch = batch
+        self.stop_at_end = stop_at_end
+        self.live = not stop_at_end
         self.wait_for_stream = wait_for_stream
         self.log = log
         self._nc: Any = None
@@ -122,9 +143,12 @@ class JetStreamSource(RecordSource):
         )
 
     async def open(self) -> None:
-        """Connect and bind the durable (created if it does not exist). Raises
+        """Connect and bind the durable (created if it does not exist); once.
+        Raises
         ``SourceError`` when the stream is missing or the durable reads other
         subjects (another tap's readers chose the same name)."""
+        if self._sub is not None:
+            return
         self._nc = await nats.connect(
             servers=self.servers,
             name=f"shadow reader {self.durable}",
@@ -182,17 +206,55 @@ class JetStreamSource(RecordSource):
             except (nats.errors.TimeoutError, TimeoutError):
                 messages = []
             if not messages:  # a fetch may also end empty (the pull request expired)
+                if self.stop_at_end and await self._at_end():
+                    return
                 if not hinted and time.monotonic() - quiet_since > HINT_AFTER_S:
                     hinted = True
                     await self._hint_other_subjects()
                 continue
             hinted = True  # something arrives on the subject: it is the right one
-            for message in messages:
-                delivery = self._delivery(message)
-                if delivery is None or delivery.heartbeat is not None:
-                    await message.ack()
-                if delivery is not None:
-                    yield delivery
+            taken = 0
+            try:
+                for message in messages:
+                    taken += 1
+                    delivery = self._delivery(message)
+                    if delivery is None or delivery.heartbeat is not None:
+                        await message.ack()
+                    if delivery is not None:
+                        yield delivery
+            finally:  # the reader stopped mid-batch: the rest is for the next one, now
+                for message in messages[taken:]:
+                    with contextlib.suppress(nats.errors.Error):
+                        await message.nak()
+            if self.stop_at_end and messages[-1].metadata.num_pending == 0:
+                return
+
+    async def _at_end(self) -> bool:
+        """With ``stop_at_end``, after an empty fetch: whether there is nothing
+        more to read now (nothing pending), or nothing more this reader can be
+        given (it holds ``max_ack_pending`` unacknowledged records)."""
+        info = await self._sub.consumer_info()
+        if not info.num_pending:
+            return True
+        limit = info.config.max_ack_pending
+        if limit and limit > 0 and (info.num_ack_pending or 0) >= limit:
+            if self.log is not None:
+                self.log(
+                    f"durable {self.durable!r} lets {limit} records be unacknowledged and this "
+                    f"reader holds them all: stopping here ({info.num_pending} left for the "
+                    "next run)"
+                )
+            return True
+        return False
+
+    def _acker(self, reply: str) -> Callable[[], Awaitable[None]]:
+        """An acknowledgement that holds the reply subject only (not the data)."""
+        nc = self._nc
+
+        async def ack() -> None:
+            await nc.publish(reply, ACK)
+
+        return ack
 
     async def _hint_other_subjects(self) -> None:
         """Nothing, not even a heartbeat, came on the subject: when the stream
@@ -232,5 +294,5 @@ class JetStreamSource(RecordSource):
         )
         where = f"{self.stream}#{message.metadata.sequence.stream}"
         if message.subject == self.subject:
-            return self._record(transport, where, ack=message.ack)
+            return self._record(transport, where, ack=self._acker(message.reply))
         return self._heartbeat(transport, where)

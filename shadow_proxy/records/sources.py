@@ -8,7 +8,9 @@ at fleet scale unchanged (SPEC section 8):
 - record files: paths, directories of rotated files, globs (``records/files.py``);
 - a live tap over ZeroMQ: ``--endpoint tcp://HOST:PORT --topic T``, or
   ``--discover http://PROXY/shadow/taps --tap NAME``;
-- a JetStream stream: ``--nats URL --stream S --tap NAME --durable NAME``.
+- a JetStream stream: ``--nats URL --stream S --tap NAME --durable NAME``
+  (``--nats`` repeated or comma-separated; ``--stop-at-end``: stop once the
+  durable has delivered what the stream holds, for batch use).
 
 A source is an async iterator of ``Delivery`` values in the order the source
 holds them (files: file order, then rotation order; live: arrival order).
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import heapq
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
@@ -70,6 +73,13 @@ class Delivery:
         """Say the record was handled (JetStream); a no-op for other sources."""
         if self._ack is not None:
             await self._ack()
+
+    @property
+    def acknowledgement(self) -> Callable[[], Awaitable[None]] | None:
+        """The acknowledgement alone (it holds no record: JetStream's holds the
+        reply subject), for a caller that acknowledges once its result is
+        written; None where there is nothing to acknowledge."""
+        return self._ack
 
 
 @attrs.define
@@ -134,6 +144,10 @@ class RecordSource:
     def deliveries(self) -> AsyncIterator[Delivery]:
         raise NotImplementedError
 
+    async def open(self) -> None:
+        """Connect now, so that a missing source is found before any work
+        (``SourceError``); iterating opens it too."""
+
     async def aclose(self) -> None:
         """Release sockets and connections (idempotent)."""
 
@@ -179,18 +193,32 @@ class FileSource(RecordSource):
     def __init__(self, paths: Sequence[Path], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.paths = list(paths)
+        #: The files' sizes when opened, and about how much of them was read
+        #: (``progress``: a progress line's total and ETA).
+        self.total_bytes = sum(p.stat().st_size for p in self.paths if p.is_file())
+        self.read_bytes = 0
 
     def describe(self) -> str:
         return f"{len(self.paths)} record file(s)"
 
+    def progress(self) -> tuple[int, int]:
+        """(bytes read, bytes in all), the first counted by payload within a file."""
+        return self.read_bytes, self.total_bytes
+
     async def deliveries(self) -> AsyncIterator[Delivery]:
         count = 0
+        done = 0
         for path in self.paths:
             self.stats.files += 1
             for entry in files.read_entries(path):
                 count += 1
                 if count % YIELD_EVERY == 0:
                     await asyncio.sleep(0)
+                self.read_bytes += (
+                    entry.skipped_bytes
+                    if isinstance(entry, files.Unreadable)
+                    else len(entry.payload) + files.LENGTH.size
+                )
                 if isinstance(entry, files.Unreadable):
                     self.stats.reject(entry.reason, entry.skipped_bytes)
                     continue
@@ -200,6 +228,9 @@ class FileSource(RecordSource):
                     delivery = self._record(entry, str(path))
                 if delivery is not None:
                     yield delivery
+            with contextlib.suppress(OSError):
+                done += path.stat().st_size
+            self.read_bytes = done
 
 
 class TapSource(RecordSource):
@@ -333,7 +364,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
     group.add_argument("--topic", help="live tap: the tap's topic")
     group.add_argument("--discover", metavar="URL", help="live tap: the proxy's /shadow/taps URL")
     group.add_argument("--tap", help="the tap's name (with --discover or --nats)")
-    group.add_argument("--nats", metavar="URL", action="append", help="JetStream server(s)")
+    group.add_argument(
+        "--nats",
+        metavar="URL",
+        action="append",
+        help="JetStream server(s): repeat, or separate with commas",
+    )
     group.add_argument("--stream", default="SHADOW", help="JetStream stream [SHADOW]")
     group.add_argument("--durable", help="JetStream durable consumer name (shared = split)")
     group.add_argument("--subject", help="JetStream: the tap's subject [shadow.TOPIC, see --topic]")
@@ -343,6 +379,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
         default=30.0,
         metavar="S",
         help="JetStream: unacknowledged records come again after S (a new durable) [30]",
+    )
+    group.add_argument(
+        "--stop-at-end",
+        action="store_true",
+        help="JetStream: stop once the durable has delivered everything the stream holds "
+        "(its pending count reaches 0): a batch read of what is there",
     )
     group.add_argument(
         "--curve-server-key",
@@ -381,6 +423,9 @@ def open_source(
             "--discover/--tap) or a stream (--nats/--tap/--durable)"
         )
         raise SourceError(msg + (f"; got {' and '.join(kinds)}" if kinds else ""))
+    if getattr(args, "stop_at_end", False) and not args.nats:
+        msg = "--stop-at-end is for a JetStream stream (--nats); files end, live taps do not"
+        raise SourceError(msg)
     if paths:
         try:
             return FileSource(files.expand(paths), dedup=dedup, heartbeats=heartbeats)
@@ -392,14 +437,16 @@ def open_source(
             raise SourceError(msg)
         from shadow_proxy.records.jetstream_source import JetStreamSource
 
+        servers = [url.strip() for given in args.nats for url in given.split(",") if url.strip()]
         return JetStreamSource(
-            args.nats,
+            servers,
             args.stream,
             args.tap,
             args.durable,
             topic=args.topic,
             subject=args.subject,
             ack_wait_s=args.ack_wait,
+            stop_at_end=bool(getattr(args, "stop_at_end", False)),
             wait_for_stream=wait_for_stream,
             log=log,
             dedup=dedup,

@@ -1,9 +1,18 @@
 """``shadow-replay SOURCE... --candidate URL --out DIR``: the command line.
 
-Parses the arguments, opens the record files, runs one ``Replay`` on a uvloop
-event loop and prints the summary's headline to stderr. Ctrl-C (SIGINT) or
-SIGTERM cancels the run; the report of what was done is still written and the
-exit status is 130. Exit status 2 on a usage error.
+Parses the arguments (a target URL must be http(s)), opens the source,
+checks that every target answers ``GET /v1/models``, runs one ``Replay`` on a
+uvloop event loop and prints the summary's headline to stderr.
+
+Exit status:
+
+- 0: done (the source's end, ``--max-records``, ``--duration``), and also when
+  SIGTERM stopped it (a service being stopped: the report is written);
+- 1: the replay ran but every request to a target failed, or the run failed
+  (the report of what was done is written);
+- 2: a usage error, an unreadable or empty source (no records, or none that
+  could be replayed), a target that does not answer ``/v1/models``;
+- 130: Ctrl-C (SIGINT) stopped it; the report of what was done is written.
 """
 
 from __future__ import annotations
@@ -13,38 +22,45 @@ import asyncio
 import shlex
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shadow_proxy.arguments import non_negative, positive
+from shadow_proxy.arguments import fraction, non_negative, positive
 from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
-from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
-from shadow_proxy.replay.compare import DEFAULT_MAX_SAMPLES, DEFAULT_MIN_DIFF_MS, DEFAULT_TOLERANCE
 
 if TYPE_CHECKING:
     from shadow_proxy.replay.runner import Replay
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: A stream's records are held unacknowledged while they are reordered: at
+#: most this many (a durable lets 4,096 be unacknowledged at once).
+REDELIVERING_WINDOW = 1024
 
 
-async def envelopes_of(
-    source: sources.RecordSource, window: int = sources.DEFAULT_REORDER_WINDOW
-) -> AsyncIterator[dict[str, Any]]:
-    """The source's records; files re-sorted by arrival within ``window`` records
-    (a record file is in publish order, and joined records are published at
-    their response's end). Each delivery is acknowledged once handed on."""
-    deliveries = source.deliveries()
+async def deliveries_of(
+    source: sources.RecordSource,
+    window: int = sources.DEFAULT_REORDER_WINDOW,
+    deliveries: AsyncIterable[sources.Delivery] | None = None,
+) -> AsyncIterator[sources.Delivery]:
+    """The source's deliveries (or ``deliveries``, the source's limited: N
+    records read means N taken from the source); files (and streams read to
+    their end) re-sorted by arrival within ``window`` records (a record file is
+    in publish order, and joined records are published at their response's
+    end). The replay acknowledges each once its pair is written, so the source
+    stays open after the last one (its caller closes it)."""
+    stream: AsyncIterable[sources.Delivery] = (
+        source.deliveries() if deliveries is None else deliveries
+    )
     if not source.live:
-        deliveries = sources.in_arrival_order(deliveries, window)
-    try:
-        async for delivery in deliveries:
-            await delivery.ack()
-            yield delivery.envelope
-    finally:
-        await source.aclose()
+        if source.redelivers:
+            window = min(window, REDELIVERING_WINDOW)
+        stream = sources.in_arrival_order(aiter(stream), window)
+    async for delivery in stream:
+        yield delivery
 
 
 # --------------------------------------------------------------------------- arguments
@@ -63,7 +79,27 @@ def _speed(text: str) -> float | None:
     return value
 
 
+def _url(text: str) -> str:
+    from shadow_proxy.replay.client import check_url
+
+    try:
+        return check_url(text, "URL")
+    except ValueError:
+        msg = f"must be an http:// or https:// URL (got {text!r})"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
+    from shadow_proxy.replay.request import DEFAULT_REQUEST_ID_HEADER
+    from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES
+    from shadow_proxy.replay.verdicts import (
+        DEFAULT_MAX_ERROR_RATE,
+        DEFAULT_MIN_DIFF_MS,
+        DEFAULT_TOLERANCE,
+        DEFAULT_TOLERANCE_WITHOUT_BASELINE,
+    )
+
     parser = argparse.ArgumentParser(
         prog="shadow-replay",
         description="Replay captured requests to a candidate deployment and compare "
@@ -75,12 +111,32 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive(int),
         default=sources.DEFAULT_REORDER_WINDOW,
         metavar="N",
-        help="record files: records held to restore arrival order",
+        help="record files: records held to restore arrival order [%(default)s]",
     )
-    parser.add_argument("--candidate", required=True, metavar="URL", help="base URL (no /v1)")
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR")
     parser.add_argument(
-        "--baseline", metavar="URL", help="a second deployment of the primary's build (noise)"
+        "--max-records", type=positive(int), metavar="N", help="stop after reading N records"
+    )
+    parser.add_argument(
+        "--duration",
+        type=positive(float),
+        metavar="S",
+        help="stop reading after S seconds (a live source); what was sent is finished",
+    )
+    parser.add_argument(
+        "--candidate", required=True, type=_url, metavar="URL", help="base URL (no /v1)"
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="where pairs.jsonl, summary.json, report.md and the plots go",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=_url,
+        metavar="URL",
+        help="a second deployment of the primary's build (noise)",
     )
     parser.add_argument(
         "--speed",
@@ -89,8 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X|max",
         help="divide recorded inter-arrival times by X; max: as fast as --concurrency allows",
     )
-    parser.add_argument("--concurrency", type=positive(int), default=16, metavar="N")
-    parser.add_argument("--max-lag-s", type=non_negative(), default=5.0, metavar="S")
+    parser.add_argument(
+        "--concurrency",
+        type=positive(int),
+        default=16,
+        metavar="N",
+        help="requests in flight per deployment [%(default)s]",
+    )
+    parser.add_argument(
+        "--max-lag-s",
+        type=non_negative(),
+        default=5.0,
+        metavar="S",
+        help="skip (and count as late) a record not sent within S s of its due time [%(default)s]",
+    )
     parser.add_argument("--model", metavar="NAME", help="send this model name instead")
     parser.add_argument(
         "--no-compare", action="store_true", help="replay for load only (request-only records too)"
@@ -105,45 +173,133 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tolerance",
         type=non_negative(),
-        default=DEFAULT_TOLERANCE,
-        help="a latency ratio counts only outside [1/(1+T), 1+T] (whole 95%% interval)",
+        metavar="T",
+        help="a latency ratio counts only outside [1/(1+T), 1+T] (whole 95%% interval) "
+        f"[{DEFAULT_TOLERANCE} with --baseline; {DEFAULT_TOLERANCE_WITHOUT_BASELINE} without: "
+        "the primary was measured on another path, through the frontend's tokenizer]",
     )
     parser.add_argument(
         "--min-diff-ms",
         type=non_negative(),
         default=DEFAULT_MIN_DIFF_MS,
-        help="and only when the p50s differ by at least this many ms",
+        help="and only when the p50s differ by at least this many ms [%(default)s]",
     )
-    parser.add_argument("--request-id-header", default="x-request-id")
     parser.add_argument(
-        "--connect-timeout-s", type=positive(float), default=DEFAULT_CONNECT_TIMEOUT_S
+        "--max-error-rate",
+        type=fraction,
+        default=DEFAULT_MAX_ERROR_RATE,
+        metavar="F",
+        help="no latency verdict when more than this fraction of a target's requests "
+        "failed [%(default)s]",
     )
-    parser.add_argument("--read-timeout-s", type=positive(float), default=DEFAULT_READ_TIMEOUT_S)
-    parser.add_argument("--max-samples", type=positive(int), default=DEFAULT_MAX_SAMPLES)
+    parser.add_argument(
+        "--request-id-header",
+        default=DEFAULT_REQUEST_ID_HEADER,
+        metavar="NAME",
+        help="the header that carries each target's request id (the record's id with "
+        "-candidate or -baseline; the record's own in x-shadow-original-request-id) "
+        "[%(default)s]",
+    )
+    parser.add_argument(
+        "--connect-timeout-s",
+        type=positive(float),
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        metavar="S",
+        help="a target that does not accept a connection in S s fails that request "
+        "(error 'timeout') [%(default)s]",
+    )
+    parser.add_argument(
+        "--read-timeout-s",
+        type=positive(float),
+        default=DEFAULT_READ_TIMEOUT_S,
+        metavar="S",
+        help="a target that sends nothing for S s (before or within its answer) fails that "
+        "request (error 'timeout'); there is no limit on a whole generation [%(default)s]",
+    )
+    parser.add_argument(
+        "--max-samples",
+        type=positive(int),
+        default=DEFAULT_MAX_SAMPLES,
+        metavar="N",
+        help="latency samples kept for percentiles and plots (a uniform sample past N) "
+        "[%(default)s]",
+    )
     return parser
 
 
 def headline(summary: dict[str, Any]) -> str:
+    """The last line: the counts, then the TTFT verdict with what it judged."""
     ttft = summary["ttft_ms"]
+    judged = ttft.get("judged") or {}
+    ratio, ci = judged.get("ratio_p50"), judged.get("ci95")
+    shown = "-" if ratio is None else f"{ratio:.3g}"
+    interval = "" if not ci else f" [{ci[0]:.3g}, {ci[1]:.3g}]"
     return (
         f"records={summary['records']} replayed={summary['replayed']} "
         f"skipped={sum(summary['skipped'].values())} errors={summary['errors']} "
         f"exact_match_rate={summary['exact_match_rate']} "
-        f"ttft ratio_p50={ttft['ratio_p50']} ({ttft['verdict']})"
+        f"ttft candidate/{judged.get('reference', ttft.get('judged_against'))} "
+        f"p50={shown}{interval} n={judged.get('n', 0)}: {ttft['verdict']}"
     )
 
 
-async def _main(replay: Replay, source: sources.RecordSource, window: int) -> dict[str, Any]:
+def _problem(summary: dict[str, Any]) -> tuple[int, str] | None:
+    """An exit status and its line when the run has nothing to show: no
+    records, none replayed, or every request to a target failed."""
+    skipped = summary["skipped"]
+    if summary["records"] == 0:
+        unreadable = sum((summary["run"].get("unreadable") or {}).values())
+        extra = f" ({unreadable} unreadable entries)" if unreadable else ""
+        return EXIT_USAGE, f"no records in the source{extra}"
+    if summary["replayed"] == 0 and summary["run"]["complete"]:
+        why = ", ".join(f"{k} {v}" for k, v in skipped.items())
+        hint = (
+            " (request-only records: --no-compare replays them for load)"
+            if "no_response" in skipped
+            else ""
+        )
+        return EXIT_USAGE, f"no record could be replayed: {why}{hint}"
+    failed = [
+        target
+        for target, count in (
+            ("candidate", summary["errors"]),
+            ("baseline", summary.get("baseline_errors", 0)),
+        )
+        if summary["replayed"] and count == summary["replayed"]
+    ]
+    if failed:
+        examples = summary.get("error_examples") or summary.get("baseline_error_examples") or []
+        first = f": {examples[0]['message']}" if examples else ""
+        return EXIT_FAILED, (
+            f"every request to the {' and the '.join(failed)} failed "
+            f"({summary['replayed']} of {summary['replayed']}){first}"
+        )
+    return None
+
+
+async def _main(
+    replay: Replay, source: sources.RecordSource, window: int, stopped: list[int]
+) -> dict[str, Any]:
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
+
+    def stop(sig: int) -> None:
+        stopped.append(sig)
+        task.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop, sig)
     try:
-        return await replay.run(envelopes_of(source, window), lambda: source.stats.unreadable)
+        await source.open()  # what is replayed first: a missing stream is said before a target
+        await replay.check_targets()
+        limited = replay.limit(source.deliveries())
+        records = deliveries_of(source, window, limited)
+        return await replay.run(records, lambda: source.stats.unreadable, limited=limited)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        await source.aclose()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -155,12 +311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(args_list)
+    from shadow_proxy.replay.client import TargetUnavailable
     from shadow_proxy.replay.runner import Replay, ReplayOptions
 
+    def say(line: str) -> None:
+        print(f"shadow-replay: {line}", file=sys.stderr, flush=True)
+
     try:
-        source = sources.open_source(
-            args, log=lambda line: print(f"shadow-replay: {line}", file=sys.stderr, flush=True)
-        )
+        source = sources.open_source(args, log=say)
         options = ReplayOptions(
             candidate=args.candidate,
             out_dir=args.out,
@@ -172,28 +330,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             compare=not args.no_compare,
             tolerance=args.tolerance,
             min_diff_ms=args.min_diff_ms,
+            max_error_rate=args.max_error_rate,
             tokenizer=args.tokenizer,
             request_id_header=args.request_id_header,
             connect_timeout_s=args.connect_timeout_s,
             read_timeout_s=args.read_timeout_s,
             max_samples=args.max_samples,
+            max_records=args.max_records,
+            duration_s=args.duration,
             live=source.live,
         )
         command = shlex.join(["shadow-replay", *args_list])
         replay = Replay(options, command)
     except (ValueError, OSError) as exc:
-        print(f"shadow-replay: {exc}", file=sys.stderr)
+        say(str(exc))
         return EXIT_USAGE
+    if isinstance(source, sources.FileSource):
+        replay.progress_of = source.progress
     import uvloop
 
+    stopped: list[int] = []
+    report = args.out / "report.md"
     try:
-        summary = uvloop.run(_main(replay, source, args.reorder_window))
-    except sources.SourceError as exc:  # found when the source opens: no such stream
-        print(f"shadow-replay: {exc}", file=sys.stderr)
+        summary = uvloop.run(_main(replay, source, args.reorder_window, stopped))
+    except (sources.SourceError, TargetUnavailable) as exc:  # found before any work
+        say(str(exc))
         return EXIT_USAGE
+    except asyncio.CancelledError:  # a signal before the run started
+        return 0 if stopped and stopped[0] == signal.SIGTERM else EXIT_INTERRUPTED
+    except Exception as exc:  # the run failed; its report was written
+        say(f"the replay failed: {type(exc).__name__}: {exc}; what was done: {report}")
+        return EXIT_FAILED
+    problem = None if stopped else _problem(summary)
+    if problem is not None and summary["replayed"] == 0:
+        say(problem[1])
+        return problem[0]
     print(headline(summary), file=sys.stderr)
-    print(f"report: {args.out / 'report.md'}", file=sys.stderr)
-    return 0 if summary["run"]["complete"] else EXIT_INTERRUPTED
+    print(f"report: {report}", file=sys.stderr)
+    if stopped:
+        return 0 if stopped[0] == signal.SIGTERM else EXIT_INTERRUPTED
+    if problem is not None:
+        say(problem[1])
+        return problem[0]
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
 """The candidate client: one streaming completions request -> an ``Observation``.
 
 ``CandidateClient.send`` runs once per replayed request per deployment
-(candidate, and baseline when given). It never raises for what the deployment
-does: an error status, an error event, a broken or refused connection or a
-timeout ends as an ``Observation`` with ``outcome: error``, ``http_status``
-(when there was one) and ``error`` (a message, clipped), so the replay goes on.
+(candidate, and baseline when given; ``target`` names which, and picks the
+request id it sends: ``CandidateRequest.headers_for``). It never raises for
+what the deployment does: an error status, an error event, a broken or refused
+connection or a timeout ends as an ``Observation`` with ``outcome: error``,
+``error_kind`` (``http``, ``connection``, ``timeout``, ``stream``),
+``http_status`` (when there was one) and ``error`` (a message, clipped), so the
+replay goes on. ``CandidateClient.check`` runs once before a replay: the
+deployment must answer ``GET /v1/models`` (``TargetUnavailable`` says why not).
 
 One ``aiohttp.ClientSession`` per deployment, with a bounded connector
 (``limit`` = the replay's concurrency) and explicit timeouts: connect
@@ -35,9 +39,10 @@ from typing import Any
 
 import aiohttp
 import attrs
+from yarl import URL
 
 from shadow_proxy.replay.compare import Observation, mean_itl_ms
-from shadow_proxy.replay.request import COMPLETIONS_PATH, CandidateRequest
+from shadow_proxy.replay.request import COMPLETIONS_PATH, MODELS_PATH, CandidateRequest
 from shadow_proxy.sockets import ack_now
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -49,6 +54,23 @@ MAX_ERROR_CHARS = 300
 MAX_ERROR_BODY_BYTES = 64 * 1024
 #: aiohttp's line limit; an SSE line longer than this is an error.
 MAX_LINE_BYTES = 1 << 22
+
+
+#: ``check``: how long ``/v1/models`` may take to answer, beyond the connect timeout.
+CHECK_TIMEOUT_S = 10.0
+
+
+class TargetUnavailable(ValueError):
+    """A deployment does not answer as an OpenAI-compatible server; the message says why."""
+
+
+def check_url(url: str, option: str) -> str:
+    """``url`` if it is an http(s) base URL, else ``ValueError`` naming ``option``."""
+    parsed = URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        msg = f"'{option}' must be an http:// or https:// URL (got {url!r})"
+        raise ValueError(msg)
+    return url
 
 
 def _clip(text: str) -> str:
@@ -74,8 +96,12 @@ class _Stream:
     last_ns: int | None = None
     usage: dict[str, Any] | None = None
     error: str | None = None
+    error_kind: str | None = None
     done: bool = False
     upstream_id: str | None = None
+
+    def fail(self, kind: str, message: str) -> None:
+        self.error, self.error_kind = _clip(message), kind
 
     def on_event(self, data: bytes, now_ns: int, max_text_bytes: int) -> None:
         if data == b"[DONE]":
@@ -84,7 +110,7 @@ class _Stream:
         try:
             event = json.loads(data)
         except ValueError:
-            self.error = "stream event is not JSON"
+            self.fail("stream", "stream event is not JSON")
             return
         if not isinstance(event, dict):
             return
@@ -93,7 +119,7 @@ class _Stream:
         if isinstance(event.get("error"), dict | str):
             err = event["error"]
             message = err.get("message") if isinstance(err, dict) else err
-            self.error = _clip(str(message or "error event"))
+            self.fail("stream", str(message or "error event"))
             return
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
@@ -139,6 +165,7 @@ class CandidateClient:
         base_url: str,
         *,
         concurrency: int,
+        target: str = "candidate",
         tokenizer: Any | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
@@ -147,7 +174,10 @@ class CandidateClient:
         if concurrency < 1:
             msg = f"'concurrency' must be at least 1 (got {concurrency})"
             raise ValueError(msg)
-        self.url = base_url.rstrip("/") + COMPLETIONS_PATH
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + COMPLETIONS_PATH
+        self.target = target
+        self._connect_timeout_s = connect_timeout_s
         self.max_text_bytes = max_text_bytes
         self._encode: Callable[[str], list[int]] | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -175,6 +205,33 @@ class CandidateClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def check(self, model: str | None = None) -> list[str]:
+        """The model names ``GET /v1/models`` lists; ``TargetUnavailable`` when it
+        does not answer 200 with a model list, or does not list ``model``."""
+        where = f"{self.target} {self.base_url}"
+        timeout = aiohttp.ClientTimeout(total=self._connect_timeout_s + CHECK_TIMEOUT_S)
+        try:
+            async with self._session.get(self.base_url + MODELS_PATH, timeout=timeout) as resp:
+                body = await resp.content.read(MAX_ERROR_BODY_BYTES)
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            msg = f"{where} does not answer GET {MODELS_PATH}: {_describe(exc)}"
+            raise TargetUnavailable(msg) from exc
+        if status != 200:
+            detail = _error_message(body, status)
+            msg = f"{where} answers GET {MODELS_PATH} with HTTP {status}: {detail}"
+            raise TargetUnavailable(msg)
+        try:
+            listed = json.loads(body)["data"]
+            names = [str(m["id"]) for m in listed]
+        except (ValueError, KeyError, TypeError) as exc:
+            msg = f"{where}: GET {MODELS_PATH} is not an OpenAI model list"
+            raise TargetUnavailable(msg) from exc
+        if model is not None and model not in names:
+            msg = f"{where} does not serve model {model!r} (it lists {', '.join(names) or 'none'})"
+            raise TargetUnavailable(msg)
+        return names
+
     async def send(self, request: CandidateRequest) -> Observation:
         """Send one request and watch its stream to the end; never raises for
         what the deployment does (cancellation still propagates)."""
@@ -183,7 +240,7 @@ class CandidateClient:
         status: int | None = None
         try:
             async with self._session.post(
-                self.url, json=request.body, headers=request.headers
+                self.url, json=request.body, headers=request.headers_for(self.target)
             ) as resp:
                 # As the proxy measured the primary: no delayed-ACK stall in the TTFT.
                 ack_now(resp.connection)
@@ -193,7 +250,7 @@ class CandidateClient:
                     return _failed(status, _error_message(body, status), started)
                 await self._read_stream(resp, stream)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            stream.error = _clip(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            stream.fail(_kind(exc, started=status is not None), _describe(exc))
         end = time.monotonic_ns()
         return await self._observe(request, stream, status, started, end)
 
@@ -262,7 +319,20 @@ class CandidateClient:
             http_status=status,
             error=stream.error,
             upstream_id=stream.upstream_id,
+            error_kind=stream.error_kind,
         )
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _kind(exc: BaseException, *, started: bool) -> str:
+    """What failed: ``timeout`` (connect or read), ``connection`` (no answer
+    began), ``stream`` (the answer began, then broke)."""
+    if isinstance(exc, TimeoutError):  # aiohttp's timeouts are TimeoutErrors too
+        return "timeout"
+    return "stream" if started else "connection"
 
 
 def _encode_all(encode: Callable[[str], list[int]], texts: tuple[str, ...]) -> list[list[int]]:
@@ -275,6 +345,7 @@ def _failed(status: int, message: str, started: int) -> Observation:
         e2e_ms=(time.monotonic_ns() - started) / 1e6,
         http_status=status,
         error=message,
+        error_kind="http",
     )
 
 

@@ -7,15 +7,21 @@ and baseline against primary) and returns a ``Difference``.
 
 Definitions, the same on both sides so that a ratio compares like with like:
 
-- TTFT: from the request's start to the first content-carrying chunk (the
-  primary's ``first_token_offset_ns``, measured at the proxy from arrival; the
-  candidate's from just before the replayer sends the request);
+- the start: the primary's when the proxy sent the request to the frontend
+  (the record's ``upstream_sent_offset_ns``; a record written before that
+  field existed is timed from the request's arrival at the proxy, and
+  ``timed_from`` says so), the candidate's just before the replayer sends it;
+- TTFT: from the start to the first content-carrying chunk (the primary's
+  ``first_token_offset_ns``). When one read carried every token, that read's
+  time is still the TTFT. A primary that did not stream (``streamed: false``:
+  a JSON body) has no TTFT: its first token came with the whole answer;
 - mean inter-token latency: (last token - first token) / (tokens - 1), tokens
-  being the largest per-choice output token count; undefined below 2 tokens;
+  being the largest per-choice output token count; undefined below 2 tokens,
+  and for a primary whose tokens all came in one read (first = last) or that
+  did not stream;
 - end-to-end: from the start to the end of the response;
-- a primary whose whole output came in one chunk (a non-streaming request, or
-  one chunk of several tokens) has no token timing: its TTFT and ITL are left
-  out (None), its end-to-end latency stays;
+- a failed answer (outcome ``error``, or a primary the client cancelled) has
+  no latency: statistics use successful pairs only (``Observation.succeeded``);
 - output tokens are compared only between exact counts: a deployment's
   ``usage.completion_tokens``, else the token ids it returned itself. A count
   from retokenized text (a record without usage whose ids were retokenized, a
@@ -23,7 +29,9 @@ Definitions, the same on both sides so that a ratio compares like with like:
   texts of the same length in tokens may retokenize to different lengths, so
   such a pair's token counts are not compared (``output_tokens_delta: None``);
 - output equality, per choice: token ids when both sides have them for every
-  choice, else text when both have it, else not compared (``basis: none``).
+  choice, else text when both have it, else not compared (``basis: none``);
+  when either side failed (outcome ``error``) the outputs are not compared
+  either (``basis: error``, counted apart from ``none``).
   The first divergent position is the first index (token or character) at
   which the choices differ, the shorter length when one is a prefix of the
   other; the earliest over the choices, with its choice index. When the
@@ -39,14 +47,13 @@ from typing import Any
 
 import attrs
 
-#: Latency samples kept per deployment (a reservoir sample past this).
-DEFAULT_MAX_SAMPLES = 100_000
-#: A latency ratio counts only when its whole 95% interval lies outside
-#: [1/(1+T), 1+T] and the p50s differ by at least ``DEFAULT_MIN_DIFF_MS``.
-DEFAULT_TOLERANCE = 0.05
-DEFAULT_MIN_DIFF_MS = 1.0
-
-BASES = ("token_ids", "text", "none")
+BASES = ("token_ids", "text", "none", "error")
+#: What kind of failure an ``error`` outcome was (``Observation.error_kind``):
+#: an HTTP error status, no connection, no answer in time, a stream that
+#: failed after it started (an error event, broken framing).
+ERROR_KINDS = ("http", "connection", "timeout", "stream")
+#: Where a primary's latencies start (``Observation.timed_from``).
+TIMED_FROM = ("upstream_send", "arrival")
 
 
 @attrs.frozen
@@ -74,6 +81,23 @@ class Observation:
     error: str | None = None
     #: The response ``id`` the deployment gave (joins its logs and traces).
     upstream_id: str | None = None
+    #: One of ``ERROR_KINDS`` when ``outcome`` is ``error``.
+    error_kind: str | None = None
+    #: The primary's: where its latencies start (one of ``TIMED_FROM``).
+    timed_from: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """An answer whose latencies mean something: not an error, and not cut
+        short by the client."""
+        return self.outcome not in ("error", "cancelled")
+
+    @property
+    def error_key(self) -> str:
+        """The failure's key in ``errors_by_status``: the HTTP status, else the kind."""
+        if self.error_kind == "http" and self.http_status is not None:
+            return str(self.http_status)
+        return self.error_kind or "connection"
 
     def to_json(self) -> dict[str, Any]:
         """The fields written to pairs.jsonl (outputs left out: they are large)."""
@@ -90,6 +114,10 @@ class Observation:
             out["http_status"] = self.http_status
         if self.error is not None:
             out["error"] = self.error
+        if self.error_kind is not None:
+            out["error_kind"] = self.error_kind
+        if self.timed_from is not None:
+            out["timed_from"] = self.timed_from
         if self.upstream_id is not None:
             out["upstream_id"] = self.upstream_id
         return out
@@ -116,11 +144,14 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
     counts = tuple(int(c.get("output_tokens", 0)) for c in choices)
     ids = [c.get("token_ids") for c in choices]
     texts = [c.get("text") for c in choices]
-    first = response.get("first_token_offset_ns")
-    last = response.get("last_token_offset_ns")
-    end = response.get("end_offset_ns")
-    if first is not None and first == last and max(counts, default=0) > 1:
-        first = last = None  # one chunk carried every token: no token timing
+    sent = _offset(response.get("upstream_sent_offset_ns"))
+    start = sent or 0
+    first = _offset(response.get("first_token_offset_ns"))
+    last = _offset(response.get("last_token_offset_ns"))
+    end = _offset(response.get("end_offset_ns"))
+    if response.get("streamed") is False:
+        first = last = None  # a JSON body: the first token came with the whole answer
+    itl_last = None if last == first else last  # one read carried every token: no ITL
     usage = response.get("usage") if isinstance(response.get("usage"), Mapping) else {}
     prompt = usage.get("prompt_tokens")
     return Observation(
@@ -134,14 +165,22 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
         else None,
         texts=tuple(texts) if texts and all(isinstance(t, str) for t in texts) else None,
         truncated=any(c.get("truncated") is True for c in choices),
-        ttft_ms=None if first is None else first / 1e6,
-        itl_ms=mean_itl_ms(first, last, max(counts, default=0)),
-        e2e_ms=None if end is None else end / 1e6,
+        ttft_ms=None if first is None else (first - start) / 1e6,
+        itl_ms=mean_itl_ms(first, itl_last, max(counts, default=0)),
+        e2e_ms=None if end is None else (end - start) / 1e6,
         prompt_tokens=prompt if isinstance(prompt, int) else None,
         http_status=response.get("http_status"),
         error=response.get("error"),
         upstream_id=response.get("upstream_id"),
+        timed_from="upstream_send" if sent is not None else "arrival",
     )
+
+
+def _offset(value: Any) -> int | None:
+    """A record's offset in ns: a non-negative integer, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 @attrs.frozen
@@ -213,7 +252,10 @@ def _outputs(
 
 def compare(primary: Observation, other: Observation, record_prompt_tokens: int) -> Difference:
     """How ``other`` differs from ``primary`` for one request."""
-    basis, mine, theirs = _outputs(primary, other)
+    if primary.outcome == "error" or other.outcome == "error":
+        basis, mine, theirs = "error", None, None
+    else:
+        basis, mine, theirs = _outputs(primary, other)
     prefix = primary.outcome != "complete" or (basis == "token_ids" and primary.truncated)
     divergence: Divergence | None = None
     if mine is not None and theirs is not None:
@@ -228,6 +270,7 @@ def compare(primary: Observation, other: Observation, record_prompt_tokens: int)
                 break
     mine_count, their_count = _token_counts(primary, other)
     delta = None if mine_count is None or their_count is None else their_count - mine_count
+    timed = primary.succeeded and other.succeeded  # a failed answer's latency means nothing
     return Difference(
         outcome_differs=primary.outcome != other.outcome,
         finish_reason_differs=primary.finish_reasons != other.finish_reasons,
@@ -236,9 +279,9 @@ def compare(primary: Observation, other: Observation, record_prompt_tokens: int)
         output_equal=None if mine is None else divergence is None,
         prefix=prefix,
         divergence=divergence,
-        ttft_ratio=_ratio(other.ttft_ms, primary.ttft_ms),
-        itl_ratio=_ratio(other.itl_ms, primary.itl_ms),
-        e2e_ratio=_ratio(other.e2e_ms, primary.e2e_ms),
+        ttft_ratio=_ratio(other.ttft_ms, primary.ttft_ms) if timed else None,
+        itl_ratio=_ratio(other.itl_ms, primary.itl_ms) if timed else None,
+        e2e_ratio=_ratio(other.e2e_ms, primary.e2e_ms) if timed else None,
         prompt_tokens_differ=None
         if other.prompt_tokens is None
         else other.prompt_tokens != record_prompt_tokens,

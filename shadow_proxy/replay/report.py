@@ -85,9 +85,10 @@ def _ci(value: Any) -> str:
 
 
 def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> str:
-    """report.md: the run, the counts, latencies with their verdicts, differences."""
+    """report.md: the run, the counts, the errors, latencies with the ratio
+    each verdict judged, differences."""
     run = summary["run"]
-    baseline = bool(run.get("baseline"))
+    baseline = bool(run.get("baseline")) and "baseline_errors" in summary
     lines = [
         "# shadow-replay report",
         "",
@@ -95,29 +96,44 @@ def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> 
         "",
         f"Candidate: {run.get('candidate')}"
         + (f"; baseline: {run['baseline']}" if baseline else ""),
-        f"Finished: {run.get('finished')}"
-        + ("" if run.get("complete", True) else " (interrupted: what was done)"),
-        "",
-        "## Requests",
+        f"Finished: {run.get('finished')}" + _how_it_ended(run),
         "",
     ]
+    if run.get("error"):
+        lines += [f"The run failed: {run['error']}", ""]
+    lines += ["## Requests", ""]
     skipped = ", ".join(f"{k} {v}" for k, v in summary["skipped"].items()) or "none"
     unreadable = run.get("unreadable") or {}
+    not_compared = summary.get("not_compared") or {}
     rows = [
         ["records read", summary["records"]],
         ["replayed", summary["replayed"]],
         ["skipped", skipped],
         ["unreadable", ", ".join(f"{k} {v}" for k, v in unreadable.items()) or "none"],
-        ["candidate errors", summary["errors"]],
+        ["candidate errors", _errors(summary["errors"], summary.get("errors_by_status"))],
+    ]
+    if baseline:
+        rows.append(
+            [
+                "baseline errors",
+                _errors(
+                    summary.get("baseline_errors", 0), summary.get("baseline_errors_by_status")
+                ),
+            ]
+        )
+    rows += [
+        ["primary failed (in the record)", summary.get("primary_failed", 0)],
         ["outputs compared", summary["compared"]],
+        [
+            "not compared: a side failed / no common basis",
+            f"{not_compared.get('failed', 0)} / {not_compared.get('no_common_basis', 0)}",
+        ],
         ["exact match rate", summary["exact_match_rate"]],
         ["prompt token mismatches", summary["prompt_token_mismatches"]],
         ["first divergent position (p50/p90/p99)", _pcts(summary.get("first_divergence"))],
     ]
-    if baseline:
-        rows.insert(5, ["baseline errors", summary.get("baseline_errors")])
     lines += _table(["", "value"], rows)
-    uncompared = summary.get("output_basis", {}).get("none")
+    uncompared = not_compared.get("no_common_basis")
     if uncompared:
         lines += [
             "",
@@ -125,36 +141,9 @@ def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> 
             "token ids and the candidate returned text only, or the reverse); "
             "`--tokenizer DIR` encodes the candidate's text as the proxy encodes the primary's.",
         ]
-    lines += ["", "## Latency", ""]
-    judged = "candidate / baseline" if baseline else "candidate / primary"
-    head = ["metric", "primary p50/p90/p99", "candidate p50/p90/p99"]
-    if baseline:
-        head += ["baseline p50/p90/p99", "baseline/primary p50"]
-    head += ["candidate/primary p50", f"{judged} 95% CI", "verdict"]
-    rows = []
-    for metric in METRICS:
-        entry = summary[metric]
-        row = [metric, _pcts(entry["primary"]), _pcts(entry["candidate"])]
-        if baseline:
-            base_ci = _ci(entry.get("baseline_ratio_p50_ci95"))
-            row += [
-                _pcts(entry.get("baseline")),
-                f"{_fmt(entry.get('baseline_ratio_p50'))} {base_ci}",
-            ]
-        ci = entry.get("candidate_vs_baseline_ci95") if baseline else entry["ratio_p50_ci95"]
-        row += [_fmt(entry["ratio_p50"]), _ci(ci), entry["verdict"]]
-        rows.append(row)
-    lines += _table(head, rows)
-    tolerance = summary["tolerance"]
-    lines += [
-        "",
-        f"A latency difference counts when the whole 95% interval of {judged} (paired "
-        f"bootstrap of the p50 ratio) lies outside [1/{1 + tolerance:g}, {1 + tolerance:g}] "
-        f"and the p50s differ by at least {summary['min_diff_ms']:g} ms.",
-        "",
-        "## Differences per request",
-        "",
-    ]
+    lines += _error_section(summary, baseline)
+    lines += _latency_section(summary, baseline)
+    lines += ["", "## Differences per request", ""]
     note = (
         "counted = the candidate differs and the baseline does not (noise = both differ)"
         if baseline
@@ -171,22 +160,139 @@ def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> 
     return "\n".join(lines) + "\n"
 
 
+def _how_it_ended(run: Mapping[str, Any]) -> str:
+    stopped = run.get("stopped_by", "end")
+    if stopped == "max_records":
+        return f" (stopped after --max-records {run.get('max_records')})"
+    if stopped == "duration":
+        return f" (stopped after --duration {run.get('duration_s'):g} s)"
+    if not run.get("complete", True):
+        return " (interrupted: what was done)"
+    return ""
+
+
+def _errors(total: int, by_status: Mapping[str, int] | None) -> str:
+    if not total:
+        return "0"
+    detail = ", ".join(f"{k} x{v}" for k, v in (by_status or {}).items())
+    return f"{total} ({detail})" if detail else str(total)
+
+
+def _error_section(summary: Mapping[str, Any], baseline: bool) -> list[str]:
+    """Per target: failed requests by status, and the first distinct messages."""
+    targets = [("candidate", summary.get("errors_by_status"), summary.get("error_examples"))]
+    if baseline:
+        targets.append(
+            (
+                "baseline",
+                summary.get("baseline_errors_by_status"),
+                summary.get("baseline_error_examples"),
+            )
+        )
+    rows = [[t, k, v] for t, by, _ in targets for k, v in (by or {}).items()]
+    if not rows:
+        return []
+    lines = ["", "## Errors", ""]
+    lines += _table(["target", "status", "requests"], rows)
+    lines += ["", "First messages:", ""]
+    for target, _, examples in targets:
+        for example in examples or ():
+            message = example["message"].replace("`", "'") or "(no message)"
+            lines.append(f"- {target}, {example['status']}: `{message}`")
+    lines.append("")
+    lines.append(
+        "Statuses: an HTTP status; `connection` (no answer began); `timeout` (no "
+        "connection, or nothing read, within --connect-timeout-s / --read-timeout-s); "
+        "`stream` (the answer began, then failed: an error event, a broken stream)."
+    )
+    return lines
+
+
+def _latency_section(summary: Mapping[str, Any], baseline: bool) -> list[str]:
+    reference = "baseline" if baseline else "primary"
+    timed = summary.get("primary_timed_from") or {}
+    sent, arrival = timed.get("upstream_send", 0), timed.get("arrival", 0)
+    older = (
+        f" and, in {arrival} records written before that was recorded, from the request's "
+        "arrival at the proxy"
+        if arrival
+        else ""
+    )
+    others = "the candidate's and the baseline's" if baseline else "the candidate's"
+    measured = (
+        "The primary's latencies were measured at the proxy, from its send to the frontend "
+        f"({sent} records){older}; {others} by the replayer, from its send. Successful "
+        "requests only: n is the number of requests with the value."
+    )
+    lines = ["", "## Latency", "", measured, ""]
+    head = ["metric", "primary p50/p90/p99 (n)", "candidate p50/p90/p99 (n)"]
+    if baseline:
+        head += ["baseline p50/p90/p99 (n)", "baseline/primary p50 [95% CI]"]
+    head += [f"candidate/{reference} p50", "95% CI", "pairs", "verdict"]
+    rows = []
+    for metric in METRICS:
+        entry = summary[metric]
+        judged = entry.get("judged") or {}
+        row = [metric, _pcts(entry["primary"]), _pcts(entry["candidate"])]
+        if baseline:
+            offset = _fmt(entry.get("baseline_ratio_p50"))
+            row += [
+                _pcts(entry.get("baseline")),
+                f"{offset} {_ci(entry.get('baseline_ratio_p50_ci95'))}",
+            ]
+        row += [_fmt(judged.get("ratio_p50")), _ci(judged.get("ci95")), judged.get("n"),
+                entry["verdict"]]  # fmt: skip
+        rows.append(row)
+    lines += _table(head, rows)
+    tolerance = summary["tolerance"]
+    lines += [
+        "",
+        f"A latency difference counts when the whole 95% interval of candidate/{reference} "
+        f"(paired bootstrap of the p50 ratio, on the requests where both have the value) lies "
+        f"outside [1/{1 + tolerance:g}, {1 + tolerance:g}] and the p50s differ by at least "
+        f"{summary['min_diff_ms']:g} ms; no verdict past {summary.get('max_error_rate', 0):g} "
+        "failed requests of a target, or on too few pairs.",
+        "",
+    ]
+    lines += [f"- {m}: {(summary[m].get('judged') or {}).get('reason', '-')}" for m in METRICS]
+    return lines
+
+
 def _pcts(p: Mapping[str, float] | None) -> str:
-    return "-" if not p else f"{p['p50']:.4g} / {p['p90']:.4g} / {p['p99']:.4g}"
+    if not p:
+        return "-"
+    n = f" ({p['n']})" if "n" in p else ""
+    return f"{p['p50']:.4g} / {p['p90']:.4g} / {p['p99']:.4g}{n}"
 
 
 # --------------------------------------------------------------------------- plots
 
 
+#: The footer's type size (points) and a monospace glyph's width in ems.
+FOOTER_POINTS = 7
+_GLYPH_EMS = 0.65  # DejaVu Sans Mono: 0.62, and a margin
+
+
 def command_footer(fig: Any, command: str) -> None:
-    """The command that produced the figure, at its foot (leave the bottom 6% free)."""
-    text = "\n".join(textwrap.wrap(f"produced by: {command}", 150)[:3])
-    fig.text(0.01, 0.01, text, fontsize=7, family="monospace", va="bottom")
+    """The command that produced the figure, at its foot (leave the bottom 6% free),
+    wrapped to the figure's width (at most three lines, the last cut with ...)."""
+    width_points = fig.get_size_inches()[0] * 72 * 0.97  # less the 1% left margin
+    columns = max(20, int(width_points / (FOOTER_POINTS * _GLYPH_EMS)) - 1)
+    lines = textwrap.wrap(f"produced by: {command}", columns)
+    if len(lines) > 3:
+        lines = [*lines[:2], lines[2][: columns - 3] + "..."]
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, family="monospace",
+             va="bottom")  # fmt: skip
 
 
 def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
     """latency.png (ECDFs of TTFT, ITL and e2e per side) and divergence.png
-    (histogram of first divergent positions); returns the files written."""
+    (histogram of first divergent positions, candidate and baseline side by
+    side); returns the files written (none when nothing was replayed)."""
+    if tally.replayed == 0:
+        for name in (LATENCY_PNG, DIVERGENCE_PNG):  # no stale figure of an earlier run
+            (out_dir / name).unlink(missing_ok=True)
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
@@ -222,25 +328,29 @@ def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    drawn = False
-    highest = 0.0
+    shown = []
     for side in sides[1:]:
         values = samples.column(f"divergence.{side}")
         values = values[~np.isnan(values)]
         if values.size:
-            bins = np.arange(0, values.max() + 2) - 0.5 if values.max() < 200 else 50
-            ax.hist(
-                values, bins=bins, alpha=0.6, label=f"{side} (n={values.size})", color=_COLORS[side]
-            )
-            drawn = True
-            highest = max(highest, float(values.max()))
-    if drawn and highest < 200:  # positions are whole tokens: whole ticks
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlim(-0.5, max(highest, 1) + 0.5)
-    if not drawn:
-        ax.text(0.5, 0.5, "no divergent outputs", ha="center", va="center", transform=ax.transAxes)
-    else:
+            shown.append((side, values))
+    drawn = bool(shown)
+    if drawn:
+        highest = max(float(v.max()) for _, v in shown)
+        # Whole positions below 200: one bin each; above, 50 bins.
+        bins: Any = np.arange(0, highest + 2) - 0.5 if highest < 200 else 50
+        ax.hist(
+            [v for _, v in shown],
+            bins=bins,
+            label=[f"{side} (n={v.size})" for side, v in shown],
+            color=[_COLORS[side] for side, _ in shown],
+        )  # several data sets: bars side by side within each bin, never stacked
+        if highest < 200:  # positions are whole tokens: whole ticks
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_xlim(-0.5, max(highest, 1) + 0.5)
         ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no divergent outputs", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("first divergent position (token, or character without token ids)")
     ax.set_ylabel("requests")
     ax.set_title("Where outputs first differ from the primary's")

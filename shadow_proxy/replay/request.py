@@ -42,11 +42,16 @@ extra_args.sampling_options ``detokenize``, ``allowed_token_ids``,
 
 Dynamo 1.6.1 answers 400 to an unknown top-level field and to an unknown
 ``nvext`` key, so only fields the record holds are sent, and nothing is
-duplicated into ``nvext``. Headers: the record's request id in
-``request_id_header`` (``x-request-id``: vLLM takes it as its request id; Dynamo
-echoes it) and in ``x-dynamo-request-id`` (Dynamo takes a UUID there as its own
-request id, so its logs and its request trace carry it): the request id itself
-when it is a UUID, else ``uuid5(REQUEST_ID_NAMESPACE, request_id)``. SGLang
+duplicated into ``nvext``. Headers (``CandidateRequest.headers_for``): each
+target gets a request id of its own in ``request_id_header`` (``x-request-id``:
+vLLM takes it as its request id, Dynamo logs and echoes it), the record's id
+with the target's name as a suffix (``{request_id}-candidate``,
+``{request_id}-baseline``), so that the candidate and the baseline never carry
+the same id at the same moment (one deployment serving both would refuse the
+second: Dynamo answers 503 "Unlinked request" to an id already in flight); the
+record's own id goes in ``ORIGINAL_REQUEST_ID_HEADER``, to join with the
+primary's logs. Dynamo's deprecated ``x-dynamo-request-id`` is not sent (Dynamo
+1.6.1 warns on every request that carries it, and makes its own ids). SGLang
 reads a body ``rid`` that Dynamo rejects; it is not sent.
 
 Not sent: ``stop_token_ids_hidden`` and ``eos_token_ids`` (the candidate's own
@@ -69,7 +74,6 @@ Why a record may not be replayed (``Skip.reason``):
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,11 +82,10 @@ import attrs
 from shadow_proxy.records.envelope import record_id
 
 COMPLETIONS_PATH = "/v1/completions"
+MODELS_PATH = "/v1/models"
 DEFAULT_REQUEST_ID_HEADER = "x-request-id"
-DYNAMO_REQUEST_ID_HEADER = "x-dynamo-request-id"
-#: uuid5 namespace for request ids that are not UUIDs (fixed: the same record
-#: always gets the same Dynamo request id).
-REQUEST_ID_NAMESPACE = uuid.UUID("6f1d3c1e-5a0b-4d8e-9c2f-7b1e0a9d4c35")
+#: The record's own request id, beside the target's (``{request_id}-{target}``).
+ORIGINAL_REQUEST_ID_HEADER = "x-shadow-original-request-id"
 
 SKIP_REASONS = ("invalid_record", "no_token_ids", "multimodal", "no_response", "late")
 
@@ -127,11 +130,23 @@ class Skip:
 class CandidateRequest:
     """What is POSTed to ``{base}/v1/completions`` for one record."""
 
+    #: The record's request id (a batch's prompt: ``{request_id}-{prompt_index}``).
     request_id: str
     body: Mapping[str, Any]
-    headers: Mapping[str, str]
     #: The prompt's length, kept for the progress line and the report.
     prompt_tokens: int
+    request_id_header: str = DEFAULT_REQUEST_ID_HEADER
+
+    def sent_id(self, target: str) -> str:
+        """The request id ``target`` (``candidate`` or ``baseline``) gets."""
+        return f"{self.request_id}-{target}"
+
+    def headers_for(self, target: str) -> dict[str, str]:
+        """The headers of the request sent to ``target``."""
+        return {
+            self.request_id_header: self.sent_id(target),
+            ORIGINAL_REQUEST_ID_HEADER: self.request_id,
+        }
 
 
 def build_request(
@@ -179,19 +194,9 @@ def build_request(
     return CandidateRequest(
         request_id=request_id,
         body=body,
-        headers={request_id_header: request_id, DYNAMO_REQUEST_ID_HEADER: dynamo_id(request_id)},
         prompt_tokens=len(token_ids),
+        request_id_header=request_id_header,
     )
-
-
-def dynamo_id(request_id: str) -> str:
-    """The ``x-dynamo-request-id`` for a record: its request id if that is a UUID,
-    else a UUID derived from it."""
-    try:
-        uuid.UUID(request_id)
-    except ValueError:
-        return str(uuid.uuid5(REQUEST_ID_NAMESPACE, request_id))
-    return request_id
 
 
 def _mapping(container: Mapping[str, Any], key: str) -> Mapping[str, Any]:

@@ -1,14 +1,25 @@
 """One replay run: records in, requests out, pairs compared, report written.
 
 ``Replay.run`` runs once per invocation of ``shadow-replay``. It takes an async
-iterable of decoded envelopes (any record source), builds each record's
-request (``request.build_request``; records that cannot be replayed are counted
-by reason), paces them (``schedule.Scheduler``), sends each to the candidate
-and, with a baseline, to the baseline at the same moment, compares both
-answers with the primary's (``compare``), counts (``stats.Tally``) and writes
-the pair line as it finishes. Whatever ends the run (the source's end, or
-cancellation on Ctrl-C), the report of what was done is written before
-``run`` returns; ``summary["run"]["complete"]`` says which.
+iterable of records (``sources.Delivery`` values, or decoded envelopes), reads
+at most ``max_records`` of them or for ``duration_s`` (``Replay.limit``),
+builds each record's request (``request.build_request``; records that cannot
+be replayed are counted by reason), paces them (``schedule.Scheduler``), sends
+each to the candidate and, with a baseline, to the baseline at the same moment,
+compares both answers with the primary's (``compare``), counts
+(``stats.Tally``) and writes the pair line as it finishes. A delivery is
+acknowledged only once its pair line is written (or it was counted as
+skipped), so a JetStream record that was in flight when the run stopped is
+delivered again to the next run.
+
+``check_targets`` runs before: every target must answer ``GET /v1/models``.
+
+Whatever ends the run, the report of what was done is written before ``run``
+returns or raises: ``summary["run"]["stopped_by"]`` says what ended it (``end``
+of the source, ``max_records``, ``duration``, ``signal``: the run was
+cancelled, ``error``: the source or the run failed, and ``run.error`` says
+how; the exception is raised again once the report is written), and
+``complete`` is true unless a signal or an error cut the run short.
 """
 
 from __future__ import annotations
@@ -18,12 +29,13 @@ import contextlib
 import datetime
 import sys
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO, TypeVar
 
 import attrs
 
+from shadow_proxy.records.limits import Limited, reading_progress
 from shadow_proxy.replay.client import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_READ_TIMEOUT_S,
@@ -38,17 +50,38 @@ from shadow_proxy.replay.request import (
     build_request,
 )
 from shadow_proxy.replay.schedule import ScheduleConfig, Scheduler
-from shadow_proxy.replay.stats import (
-    DEFAULT_MAX_SAMPLES,
+from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES, Samples, Tally
+from shadow_proxy.replay.verdicts import (
+    DEFAULT_MAX_ERROR_RATE,
     DEFAULT_MIN_DIFF_MS,
-    DEFAULT_TOLERANCE,
-    Samples,
-    Tally,
+    default_tolerance,
 )
 
 PROGRESS_INTERVAL_S = 0.5
+#: ``summary["run"]["stopped_by"]`` values.
+STOPPED_BY = ("end", "max_records", "duration", "signal", "error")
 
-Item = tuple[Mapping[str, Any], CandidateRequest]
+T = TypeVar("T")
+Ack = Callable[[], Awaitable[None]]
+Item = tuple[Mapping[str, Any], CandidateRequest, Ack | None]
+
+
+class _Delivered(Protocol):
+    """A record as a source delivered it (``records.sources.Delivery``)."""
+
+    envelope: Any
+
+    async def ack(self) -> None: ...
+
+
+Record = Mapping[str, Any] | _Delivered
+
+
+def _unwrap(record: Record) -> tuple[Mapping[str, Any], Ack | None]:
+    """The envelope of a record, and its acknowledgement (None for a bare envelope)."""
+    if isinstance(record, Mapping):
+        return record, None
+    return record.envelope, record.ack
 
 
 @attrs.frozen
@@ -65,13 +98,26 @@ class ReplayOptions:
     model: str | None = None
     compare: bool = True
     live: bool = False
-    tolerance: float = DEFAULT_TOLERANCE
+    #: None: ``verdicts.default_tolerance`` (5% with a baseline, 50% without).
+    tolerance: float | None = None
     min_diff_ms: float = DEFAULT_MIN_DIFF_MS
     tokenizer: Path | None = None
     request_id_header: str = DEFAULT_REQUEST_ID_HEADER
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     max_samples: int = DEFAULT_MAX_SAMPLES
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    #: Read at most this many records / for this long (None: to the source's end).
+    max_records: int | None = None
+    duration_s: float | None = None
+
+    @property
+    def targets(self) -> dict[str, str]:
+        """The deployments requests go to, by name."""
+        out = {"candidate": self.candidate}
+        if self.baseline and self.compare:
+            out["baseline"] = self.baseline
+        return out
 
 
 def load_tokenizer(path: Path) -> Any:
@@ -92,10 +138,14 @@ class Replay:
         self.options = options
         self.command = command
         self.err = err if err is not None else sys.stderr
+        has_baseline = options.baseline is not None and options.compare
         self.tally = Tally(
-            has_baseline=options.baseline is not None and options.compare,
-            tolerance=options.tolerance,
+            has_baseline=has_baseline,
+            tolerance=default_tolerance(has_baseline)
+            if options.tolerance is None
+            else options.tolerance,
             min_diff_ms=options.min_diff_ms,
+            max_error_rate=options.max_error_rate,
             samples=Samples(max_samples=options.max_samples),
         )
         self.scheduler: Scheduler[Item] = Scheduler(
@@ -112,39 +162,69 @@ class Replay:
         self._candidate: CandidateClient | None = None
         self._baseline: CandidateClient | None = None
         self._pairs: PairsWriter | None = None
+        self._sends = 0
+        #: Bytes read of the source and in all, for the progress line (files).
+        self.progress_of: Callable[[], tuple[int, int] | None] | None = None
 
-    def _client(self, url: str) -> CandidateClient:
+    def _client(self, target: str) -> CandidateClient:
         o = self.options
         return CandidateClient(
-            url,
+            o.targets[target],
+            target=target,
             concurrency=o.concurrency,
             tokenizer=self._tokenizer if o.compare else None,
             connect_timeout_s=o.connect_timeout_s,
             read_timeout_s=o.read_timeout_s,
         )
 
+    async def check_targets(self) -> None:
+        """Every target answers ``GET /v1/models`` (and lists ``--model`` when
+        given); ``client.TargetUnavailable`` names the first that does not."""
+        for target in self.options.targets:
+            client = self._client(target)
+            try:
+                await client.check(self.options.model)
+            finally:
+                await client.close()
+
+    def limit(self, records: AsyncIterable[T]) -> Limited[T]:
+        """``records`` up to ``--max-records`` / ``--duration``. A caller that
+        reorders records (files) limits before, so that no more than N are read,
+        and passes the result to ``run`` as ``limited``."""
+        return Limited(records, max_records=self.options.max_records,
+                       duration_s=self.options.duration_s)  # fmt: skip
+
     async def run(
         self,
-        envelopes: AsyncIterable[Mapping[str, Any]],
+        records: AsyncIterable[Record],
         unreadable: Callable[[], Mapping[str, int]] | None = None,
+        *,
+        limited: Limited[Any] | None = None,
     ) -> dict[str, Any]:
-        """Replay every record; returns the summary (also written to DIR)."""
+        """Replay the records (limited here unless ``limited`` says the caller
+        did); returns the summary (also written to DIR)."""
         o = self.options
         started_wall = datetime.datetime.now(datetime.UTC)
         started = time.monotonic()
         cpu_started = time.process_time()
-        complete = False
+        stopped_by, error = "end", None
         self._pairs = PairsWriter(o.out_dir)
-        self._candidate = self._client(o.candidate)
-        self._baseline = self._client(o.baseline) if o.baseline and o.compare else None
+        self._candidate = self._client("candidate")
+        self._baseline = self._client("baseline") if "baseline" in o.targets else None
+        if limited is None:
+            records = limited = self.limit(records)
         progress = asyncio.create_task(self._progress(started)) if self.err.isatty() else None
+        failure: BaseException | None = None
         try:
-            await self.scheduler.run(self._items(envelopes))
-            complete = True
+            await self.scheduler.run(self._items(records))
+            stopped_by = limited.stopped_by or "end"
         except asyncio.CancelledError:
+            stopped_by = "signal"
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
+        except Exception as exc:  # the source or the run failed: report, then raise
+            stopped_by, error, failure = "error", f"{type(exc).__name__}: {exc}", exc
         finally:
             elapsed = time.monotonic() - started
             cpu = time.process_time() - cpu_started
@@ -165,6 +245,8 @@ class Replay:
             "max_lag_s": o.max_lag_s,
             "model": o.model,
             "compare": o.compare,
+            "max_records": o.max_records,
+            "duration_s": o.duration_s,
             "queue_bound": self.scheduler.config.bound,
             "max_queue_depth": self.scheduler.counts.max_depth,
             "unreadable": dict(unreadable()) if unreadable else {},
@@ -173,43 +255,71 @@ class Replay:
             "elapsed_s": round(elapsed, 3),
             # CPU of this process (all threads) while replaying, report excluded.
             "cpu_s": round(cpu, 3),
-            "complete": complete,
+            "stopped_by": stopped_by,
+            "complete": stopped_by not in ("signal", "error"),
         }
-        return write_report(o.out_dir, self.tally, run, self.command)
+        if error is not None:
+            run["error"] = error
+        summary = write_report(o.out_dir, self.tally, run, self.command)
+        if failure is not None:
+            raise failure
+        return summary
 
     async def _items(
-        self, envelopes: AsyncIterable[Mapping[str, Any]]
+        self, records: AsyncIterable[Record]
     ) -> AsyncIterator[tuple[Item, int | None]]:
         o = self.options
-        async for envelope in envelopes:
+        async for record in records:
+            envelope, ack = _unwrap(record)
             built = build_request(
                 envelope, model=o.model, compare=o.compare, request_id_header=o.request_id_header
             )
             if isinstance(built, Skip):
                 self.tally.skip(built.reason)
+                if ack is not None:
+                    await ack()
                 continue
             arrival = envelope.get("arrival_unix_ns")
-            yield (envelope, built), arrival if isinstance(arrival, int) else None
+            yield (envelope, built, ack), arrival if isinstance(arrival, int) else None
 
-    def _late(self, item: Item) -> None:
+    async def _late(self, item: Item) -> None:
         self.tally.skip("late")
+        ack = item[2]
+        if ack is not None:  # counted: handled (a late record is not sent again)
+            await ack()
 
     async def _send(self, item: Item) -> None:
-        envelope, request = item
+        envelope, request, ack = item
+        await self._replay(envelope, request)
+        if ack is not None:
+            await ack()  # its pair line is written
+
+    async def _replay(self, envelope: Mapping[str, Any], request: CandidateRequest) -> None:
         assert self._candidate is not None and self._pairs is not None
         if self._baseline is None:
             candidate = await self._candidate.send(request)
             baseline: Observation | None = None
         else:
-            candidate, baseline = await asyncio.gather(
-                self._candidate.send(request), self._baseline.send(request)
-            )
+            # Both at the same moment, each sent first every other time: the one
+            # sent first gets ahead (one deployment serving both queues the
+            # second; two on one machine share its CPU), which would read as a
+            # difference.
+            self._sends += 1
+            if self._sends % 2:
+                candidate, baseline = await asyncio.gather(
+                    self._candidate.send(request), self._baseline.send(request)
+                )
+            else:
+                baseline, candidate = await asyncio.gather(
+                    self._baseline.send(request), self._candidate.send(request)
+                )
         line: dict[str, Any] = {
             "request_id": request.request_id,
             "tap": envelope.get("tap"),
             "seq": envelope.get("seq"),
             "model": request.body["model"],
             "prompt_tokens": request.prompt_tokens,
+            "sent_ids": {target: request.sent_id(target) for target in self.options.targets},
         }
         if not self.options.compare:
             self.tally.add(None, candidate, None)
@@ -232,9 +342,11 @@ class Replay:
             t, c = self.tally, self.scheduler.counts
             elapsed = max(time.monotonic() - started, 1e-9)
             skipped = sum(t.skipped.values())
+            read = self.progress_of() if self.progress_of is not None else None
+            where = "" if read is None else " " + reading_progress(*read, elapsed)
             self.err.write(
                 f"\rreplayed={t.replayed} ({t.replayed / elapsed:.1f}/s) skipped={skipped} "
                 f"errors={t.errors} in_flight={c.in_flight} queue={self.scheduler.depth} "
-                f"exact_match={t.exact_matches}/{t.compared}   "
+                f"exact_match={t.exact_matches}/{t.compared}{where}   "
             )
             self.err.flush()

@@ -3,8 +3,9 @@
 One reader task takes items from the source and puts them, with the time
 they are due, on a bounded ``asyncio.Queue``; ``concurrency`` sender tasks take
 them off and send them. ``Scheduler.run`` returns when the source is exhausted
-and every item taken was sent or skipped; cancelling it (Ctrl-C) cancels the
-reader and the senders, and what was counted so far stands.
+and every item taken was sent or skipped; a source that fails ends it the same
+way, then its exception is raised; cancelling it (Ctrl-C) cancels the reader
+and the senders, and what was counted so far stands.
 
 Due times (monotonic):
 
@@ -17,9 +18,10 @@ Due times (monotonic):
 - a live source: due when the reader received it.
 
 An item taken by a sender more than ``max_lag_s`` after it was due is not sent:
-``late(item)`` counts it. A source faster than the senders fills the queue, the
-reader then waits on ``put`` and the source's own bounded buffer holds the rest
-(a ZeroMQ tap drops past its high-water mark and says so in its heartbeat).
+``late(item)`` counts it (awaited when it returns an awaitable). A source
+faster than the senders fills the queue, the reader then waits on ``put`` and
+the source's own bounded buffer holds the rest (a ZeroMQ tap drops past its
+high-water mark and says so in its heartbeat).
 
 Memory bound: at most ``queue_size`` (default 2 x ``concurrency``) items in the
 queue, ``concurrency`` in the senders and one in the reader, whatever the
@@ -29,6 +31,7 @@ source's rate.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable
 from typing import Generic, TypeVar
@@ -93,7 +96,7 @@ class Scheduler(Generic[T]):
         self,
         config: ScheduleConfig,
         send: Callable[[T], Awaitable[None]],
-        late: Callable[[T], None],
+        late: Callable[[T], Awaitable[None] | None],
         clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.config = config
@@ -114,10 +117,16 @@ class Scheduler(Generic[T]):
             for k in range(self.config.concurrency)
         ]
         try:
-            await self._read(items)
+            failure: Exception | None = None
+            try:
+                await self._read(items)
+            except Exception as exc:  # the source failed: what was taken is still sent
+                failure = exc
             for _ in senders:
                 await self._queue.put(_END)
             await asyncio.gather(*senders)
+            if failure is not None:
+                raise failure
         finally:
             for task in senders:
                 task.cancel()
@@ -154,7 +163,9 @@ class Scheduler(Generic[T]):
             item, due = entry  # type: ignore[misc]
             if due is not None and self._clock() - due > limit:
                 self.counts.late += 1
-                self._late(item)
+                counted = self._late(item)
+                if inspect.isawaitable(counted):
+                    await counted
                 continue
             self.counts.in_flight += 1
             try:

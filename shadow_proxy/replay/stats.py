@@ -1,4 +1,4 @@
-"""Totals over a replay, percentiles, bootstrap intervals and the verdicts.
+"""Totals over a replay, percentiles and the summary with its verdicts.
 
 Pure (numpy, no socket, no clock). ``Tally.add`` runs once per finished pair,
 ``Tally.skip`` once per record not sent, ``Tally.summary`` when the report is
@@ -9,20 +9,19 @@ float64 columns, at most ``max_samples`` rows (12 columns, 96 bytes a row:
 9.6 MB at the default 100,000); past that a uniform reservoir sample (seeded)
 stands for all pairs and the summary says ``sampled: true``.
 
-Latency verdicts. A ratio is a p50 over a p50 (``ratio_p50``); its 95%
-interval comes from a paired bootstrap over requests (the same resampled
-requests for both sides, ``BOOTSTRAP_ROUNDS`` rounds, fixed seed, on the pairs
-where both sides have the value). Without a baseline the verdict is on the
-candidate/primary ratio; with one it is on candidate/baseline (Diffy's noise
-floor: the primary's latencies were measured at the proxy, the candidate's and
-the baseline's by this replayer under the same schedule, so what the baseline
-shows against the primary is measurement and noise, not change). A difference
-counts only when the whole interval lies outside [1/(1+t), 1+t], t being
-``tolerance`` (default 0.05), and the two p50s differ by at least
-``min_diff_ms`` (default 1 ms; as Diffy's absolute threshold beside its
-relative one: a ratio of near-zero latencies, e.g. the inter-token latency of
-an engine that sends its tokens in bursts, is noise however large):
-``higher`` or ``lower``, else ``no_difference``.
+Latencies are kept for successful answers only (``Observation.succeeded``): a
+failed side's cell is NaN, so every ratio is computed on the pairs where both
+sides answered and have the value, and every figure carries its ``n``. The
+verdicts are ``verdicts.judge``'s: without a baseline on candidate/primary,
+with one on candidate/baseline (Diffy's noise floor: the baseline is the
+primary's build, measured by this replayer under the same schedule as the
+candidate, so what it shows against the primary is measurement and noise, not
+change). Past ``max_error_rate`` failed requests, on either target, no
+verdict is given.
+
+Failures are counted per target by ``Observation.error_key`` (the HTTP status,
+``connection``, ``timeout`` or ``stream``), with the first
+``ERROR_EXAMPLES`` distinct messages kept as examples.
 """
 
 from __future__ import annotations
@@ -36,21 +35,39 @@ import attrs
 import numpy as np
 
 from shadow_proxy.replay.compare import (
-    DEFAULT_MAX_SAMPLES,
-    DEFAULT_MIN_DIFF_MS,
-    DEFAULT_TOLERANCE,
     JUDGED_FIELDS,
     Difference,
     Observation,
     counted,
     differs,
 )
+from shadow_proxy.replay.verdicts import (
+    DEFAULT_MAX_ERROR_RATE,
+    DEFAULT_MIN_DIFF_MS,
+    DEFAULT_TOLERANCE,
+    MIN_PAIRS,
+    bootstrap_ratio,
+    failure,
+    judge,
+    ratio_of_medians,
+)
 
+#: Latency samples kept per deployment (a reservoir sample past this).
+DEFAULT_MAX_SAMPLES = 100_000
+#: Distinct error messages kept per target as examples.
+ERROR_EXAMPLES = 5
 PERCENTILES = (50, 90, 99)
-BOOTSTRAP_ROUNDS = 1000
-CONFIDENCE = 0.95
 METRICS = ("ttft_ms", "itl_ms", "e2e_ms")
 SIDES = ("primary", "candidate", "baseline")
+#: Summary keys (ratio, interval, n) of the candidate/primary,
+#: baseline/primary and candidate/baseline ratios.
+PRIMARY_KEYS = ("ratio_p50", "ratio_p50_ci95", "n")
+BASELINE_KEYS = ("baseline_ratio_p50", "baseline_ratio_p50_ci95", "baseline_n")
+VERSUS_BASELINE_KEYS = (
+    "candidate_vs_baseline_p50",
+    "candidate_vs_baseline_ci95",
+    "candidate_vs_baseline_n",
+)
 #: Sample columns: every metric for every side, then divergence positions.
 COLUMNS = (
     *(f"{m}.{s}" for m in METRICS for s in SIDES),
@@ -61,65 +78,30 @@ COLUMNS = (
 
 
 def percentiles(values: Sequence[float] | np.ndarray) -> dict[str, float] | None:
-    """p50, p90, p99 (linear interpolation), NaNs ignored; None without values."""
+    """p50, p90, p99 (linear interpolation) and ``n``, NaNs ignored; None without values."""
     data = np.asarray(values, dtype=float)
     data = data[~np.isnan(data)]
     if data.size == 0:
         return None
     points = np.percentile(data, PERCENTILES)
-    return {f"p{q}": round(float(v), 3) for q, v in zip(PERCENTILES, points, strict=True)}
+    out: dict[str, float] = {
+        f"p{q}": round(float(v), 3) for q, v in zip(PERCENTILES, points, strict=True)
+    }
+    out["n"] = int(data.size)
+    return out
 
 
-def bootstrap_ratio(
-    numerator: np.ndarray, denominator: np.ndarray, *, rounds: int = BOOTSTRAP_ROUNDS, seed: int = 0
-) -> tuple[float, float] | None:
-    """95% interval of p50(numerator)/p50(denominator), resampling pairs; None
-    with fewer than 2 complete pairs."""
-    keep = ~(np.isnan(numerator) | np.isnan(denominator))
-    num, den = numerator[keep], denominator[keep]
-    n = num.size
-    if n < 2:
+def positions(values: Sequence[float] | np.ndarray) -> dict[str, int] | None:
+    """p50, p90, p99 and ``n`` of whole positions: each one a position that
+    occurred (no interpolation: a position is an integer); None without values."""
+    data = np.asarray(values, dtype=float)
+    data = data[~np.isnan(data)]
+    if data.size == 0:
         return None
-    rng = np.random.default_rng(seed)
-    block = max(1, min(rounds, 2_000_000 // n))
-    ratios: list[np.ndarray] = []
-    done = 0
-    while done < rounds:
-        size = min(block, rounds - done)
-        idx = rng.integers(0, n, size=(size, n))
-        top = np.median(num[idx], axis=1)
-        bottom = np.median(den[idx], axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios.append(top / bottom)
-        done += size
-    values = np.concatenate(ratios)
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return None
-    tail = (1 - CONFIDENCE) / 2 * 100
-    lo, hi = np.percentile(values, (tail, 100 - tail))
-    return float(lo), float(hi)
-
-
-def verdict(
-    interval: tuple[float, float] | None,
-    tolerance: float,
-    difference_ms: float | None = None,
-    min_diff_ms: float = 0.0,
-) -> str:
-    """``higher``/``lower`` when the whole interval is beyond the tolerance band
-    and the p50s differ by at least ``min_diff_ms``; ``no_difference``
-    otherwise; ``unknown`` without an interval."""
-    if interval is None:
-        return "unknown"
-    if difference_ms is not None and abs(difference_ms) < min_diff_ms:
-        return "no_difference"
-    lo, hi = interval
-    if lo > 1 + tolerance:
-        return "higher"
-    if hi < 1 / (1 + tolerance):
-        return "lower"
-    return "no_difference"
+    points = np.percentile(data, PERCENTILES, method="inverted_cdf")
+    out = {f"p{q}": int(v) for q, v in zip(PERCENTILES, points, strict=True)}
+    out["n"] = int(data.size)
+    return out
 
 
 @attrs.define
@@ -163,27 +145,56 @@ class FieldCounts:
 
 
 @attrs.define
+class TargetErrors:
+    """One target's failed requests: by key, and the first distinct messages."""
+
+    total: int = 0
+    by_status: dict[str, int] = attrs.field(factory=dict)
+    examples: list[dict[str, str]] = attrs.field(factory=list)
+
+    def add(self, observation: Observation) -> None:
+        key = observation.error_key
+        self.total += 1
+        self.by_status[key] = self.by_status.get(key, 0) + 1
+        message = observation.error or ""
+        if len(self.examples) < ERROR_EXAMPLES and all(
+            e["message"] != message for e in self.examples
+        ):
+            self.examples.append({"status": key, "message": message})
+
+
+@attrs.define
 class Tally:
     """Everything the summary needs, fed pair by pair."""
 
     has_baseline: bool = False
     tolerance: float = DEFAULT_TOLERANCE
     min_diff_ms: float = DEFAULT_MIN_DIFF_MS
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    min_pairs: int = MIN_PAIRS
     samples: Samples = attrs.field(factory=Samples)
     records: int = 0
     replayed: int = 0
     skipped: dict[str, int] = attrs.field(factory=dict)
-    errors: int = 0
-    errors_by_status: dict[str, int] = attrs.field(factory=dict)
-    baseline_errors: int = 0
+    candidate_errors: TargetErrors = attrs.field(factory=TargetErrors)
+    baseline_errors: TargetErrors = attrs.field(factory=TargetErrors)
+    #: Replayed records whose primary had failed (the record's outcome).
+    primary_failed: int = 0
     compared: int = 0
     exact_matches: int = 0
     by_basis: dict[str, int] = attrs.field(factory=dict)
     prompt_token_mismatches: int = 0
     baseline_prompt_token_mismatches: int = 0
+    #: Primary records by where their latencies start (``compare.TIMED_FROM``).
+    primary_timed_from: dict[str, int] = attrs.field(factory=dict)
     fields: dict[str, FieldCounts] = attrs.field(
         factory=lambda: {f: FieldCounts() for f in JUDGED_FIELDS}
     )
+
+    @property
+    def errors(self) -> int:
+        """The candidate's failed requests."""
+        return self.candidate_errors.total
 
     def skip(self, reason: str) -> None:
         self.records += 1
@@ -201,19 +212,20 @@ class Tally:
         (None when not compared, as with ``--no-compare``)."""
         self.records += 1
         self.replayed += 1
-        if candidate.error is not None:
-            self.errors += 1
-            key = str(candidate.http_status or "connection")
-            self.errors_by_status[key] = self.errors_by_status.get(key, 0) + 1
-        if baseline is not None and baseline.error is not None:
-            self.baseline_errors += 1
+        if not candidate.succeeded:
+            self.candidate_errors.add(candidate)
+        if baseline is not None and not baseline.succeeded:
+            self.baseline_errors.add(baseline)
+        if primary is not None:
+            self.primary_failed += not primary.succeeded
+            if primary.timed_from is not None:
+                key = primary.timed_from
+                self.primary_timed_from[key] = self.primary_timed_from.get(key, 0) + 1
         row: dict[str, float | None] = {}
-        for metric in METRICS:
-            row[f"{metric}.candidate"] = getattr(candidate, metric)
-            if primary is not None:
-                row[f"{metric}.primary"] = getattr(primary, metric)
-            if baseline is not None:
-                row[f"{metric}.baseline"] = getattr(baseline, metric)
+        for side, seen in (("candidate", candidate), ("primary", primary), ("baseline", baseline)):
+            if seen is not None and seen.succeeded:  # a failed answer has no latency
+                for metric in METRICS:
+                    row[f"{metric}.{side}"] = getattr(seen, metric)
         if diff is None:
             self.samples.add(row)
             return None
@@ -239,64 +251,91 @@ class Tally:
                 counts.counted += judged[name]
         return judged
 
-    def latency(self, metric: str) -> dict[str, Any]:
-        col = {s: self.samples.column(f"{metric}.{s}") for s in SIDES}
-        out: dict[str, Any] = {s: percentiles(col[s]) for s in SIDES[:2]}
-        p, c, b = out["primary"], out["candidate"], None
-        out["ratio_p50"] = _ratio(c, p)
-        out["ratio_p50_ci95"] = _interval(bootstrap_ratio(col["candidate"], col["primary"]))
-        if not self.has_baseline:
-            out["verdict"] = verdict(
-                out["ratio_p50_ci95"], self.tolerance, _diff(c, p), self.min_diff_ms
+    def failed(self) -> str | None:
+        """Why no latency verdict stands (too many failures), or None."""
+        gates = [failure(self.errors, self.replayed, "candidate", self.max_error_rate)]
+        if self.has_baseline:
+            gates.append(
+                failure(self.baseline_errors.total, self.replayed, "baseline", self.max_error_rate)
             )
-            out["judged_against"] = "primary"
-            return out
-        out["baseline"] = b = percentiles(col["baseline"])
-        out["baseline_ratio_p50"] = _ratio(b, p)
-        out["baseline_ratio_p50_ci95"] = _interval(bootstrap_ratio(col["baseline"], col["primary"]))
-        out["candidate_vs_baseline_p50"] = _ratio(c, b)
-        vs = bootstrap_ratio(col["candidate"], col["baseline"])
-        out["candidate_vs_baseline_ci95"] = _interval(vs)
-        out["verdict"] = verdict(vs, self.tolerance, _diff(c, b), self.min_diff_ms)
-        out["judged_against"] = "baseline"
+        reasons = [g for g in gates if g is not None]
+        return "; ".join(reasons) if reasons else None
+
+    def latency(self, metric: str) -> dict[str, Any]:
+        """One metric's percentiles per side, paired ratios with their
+        intervals and ``n``, and the verdict (``judged``)."""
+        col = {s: self.samples.column(f"{metric}.{s}") for s in SIDES}
+        reference = "baseline" if self.has_baseline else "primary"
+        judgement = judge(
+            col["candidate"],
+            col[reference],
+            reference_name=reference,
+            tolerance=self.tolerance,
+            min_diff_ms=self.min_diff_ms,
+            failed=self.failed(),
+            min_pairs=self.min_pairs,
+        )
+        judged = judgement.to_json()
+        versus_judged = (judged["ratio_p50"], judged["ci95"], judged["n"])
+        out: dict[str, Any] = {s: percentiles(col[s]) for s in SIDES[:2]}
+        if self.has_baseline:
+            out.update(_paired(PRIMARY_KEYS, col["candidate"], col["primary"]))
+            out["baseline"] = percentiles(col["baseline"])
+            out.update(_paired(BASELINE_KEYS, col["baseline"], col["primary"]))
+            out.update(zip(VERSUS_BASELINE_KEYS, versus_judged, strict=True))
+        else:
+            out.update(zip(PRIMARY_KEYS, versus_judged, strict=True))
+        out["judged"] = judged
+        out["judged_against"] = reference
+        out["verdict"] = judgement.verdict
         return out
 
     def summary(self) -> dict[str, Any]:
-        positions = self.samples.column("divergence.candidate")
+        basis = dict(sorted(self.by_basis.items()))
         out: dict[str, Any] = {
             "records": self.records,
             "replayed": self.replayed,
             "skipped": dict(sorted(self.skipped.items())),
             "errors": self.errors,
-            "errors_by_status": dict(sorted(self.errors_by_status.items())),
+            "errors_by_status": dict(sorted(self.candidate_errors.by_status.items())),
+            "error_examples": list(self.candidate_errors.examples),
+            "primary_failed": self.primary_failed,
             "compared": self.compared,
             "exact_match_rate": round(self.exact_matches / self.compared, 6)
             if self.compared
             else None,
-            "output_basis": dict(sorted(self.by_basis.items())),
+            "output_basis": basis,
+            "not_compared": {
+                "failed": basis.get("error", 0),
+                "no_common_basis": basis.get("none", 0),
+            },
             "prompt_token_mismatches": self.prompt_token_mismatches,
-            "first_divergence": percentiles(positions),
+            "first_divergence": positions(self.samples.column("divergence.candidate")),
             "differences": {name: attrs.asdict(c) for name, c in self.fields.items()},
+            "primary_timed_from": dict(sorted(self.primary_timed_from.items())),
             **{metric: self.latency(metric) for metric in METRICS},
             "tolerance": self.tolerance,
             "min_diff_ms": self.min_diff_ms,
+            "max_error_rate": self.max_error_rate,
             "sampled": self.samples.sampled,
         }
         if self.has_baseline:
-            out["baseline_errors"] = self.baseline_errors
+            out["baseline_errors"] = self.baseline_errors.total
+            out["baseline_errors_by_status"] = dict(sorted(self.baseline_errors.by_status.items()))
+            out["baseline_error_examples"] = list(self.baseline_errors.examples)
             out["baseline_prompt_token_mismatches"] = self.baseline_prompt_token_mismatches
         return out
 
 
-def _ratio(top: dict[str, float] | None, bottom: dict[str, float] | None) -> float | None:
-    if top is None or bottom is None or bottom["p50"] <= 0:
-        return None
-    return round(top["p50"] / bottom["p50"], 4)
-
-
-def _diff(top: dict[str, float] | None, bottom: dict[str, float] | None) -> float | None:
-    return None if top is None or bottom is None else top["p50"] - bottom["p50"]
-
-
-def _interval(interval: tuple[float, float] | None) -> list[float] | None:
-    return None if interval is None else [round(interval[0], 4), round(interval[1], 4)]
+def _paired(keys: tuple[str, str, str], top: np.ndarray, bottom: np.ndarray) -> dict[str, Any]:
+    """The p50 ratio of ``top`` over ``bottom`` on the pairs where both have a
+    value, its 95% interval and that ``n``, under the three ``keys``."""
+    ratio = ratio_of_medians(top, bottom)
+    interval = bootstrap_ratio(top, bottom)
+    n = int((~(np.isnan(top) | np.isnan(bottom))).sum())
+    ratio_key, ci_key, n_key = keys
+    return {
+        ratio_key: None if ratio is None else round(ratio, 4),
+        ci_key: None if interval is None else [round(interval[0], 4), round(interval[1], 4)],
+        n_key: n,
+    }

@@ -291,7 +291,7 @@ class Capture:
 
     Chunks are batched: the capture keeps references to at most
     ``BATCH_CHUNKS`` chunks or ``BATCH_BYTES`` bytes (each with the monotonic
-    offset at which it was written to the client), then sends them as one
+    offset at which it came from the frontend), then sends them as one
     message; the end message carries the rest. The response head (status,
     content type and encoding) travels with the first of these. A short
     stream costs two messages (request, end) instead of one per chunk.
@@ -327,17 +327,23 @@ class Capture:
         self._bytes = 0
         self._head: Head | None = None
 
-    def head(self, status: int, content_type: str, content_encoding: str) -> None:
-        """The response started; sent with the next chunk batch or the end."""
+    def head(
+        self, status: int, content_type: str, content_encoding: str, sent_mono_ns: int = 0
+    ) -> None:
+        """The response started; sent with the next chunk batch or the end.
+        ``sent_mono_ns``: when the request was sent to the frontend (0: it was not)."""
         offset = time.monotonic_ns() - self._arrival
-        self._head = Head(status, offset, content_type, content_encoding)
+        sent = max(1, sent_mono_ns - self._arrival) if sent_mono_ns else 0
+        self._head = Head(status, offset, content_type, content_encoding, sent)
 
-    def chunk(self, data: bytes) -> None:
+    def chunk(self, data: bytes, received_mono_ns: int = 0) -> None:
+        """A chunk the client was sent; ``received_mono_ns``: when it came from
+        the frontend (default: now)."""
         if self._lost:
             return
         chunks, offsets = self._chunks, self._offsets
         chunks.append(data)
-        offsets.append(time.monotonic_ns() - self._arrival)
+        offsets.append((received_mono_ns or time.monotonic_ns()) - self._arrival)
         if not self._full:
             if len(chunks) > self.TAIL_CHUNKS:
                 del chunks[0], offsets[0]

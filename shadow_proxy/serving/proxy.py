@@ -213,6 +213,9 @@ class ProxyHandler:
             data = _slices(body)
         end, detail = EndKind.CLEAN, ""
         proxy_answer: web.Response | None = None
+        # When the frontend gets the request: a record's latencies start here, as
+        # a replayer's start when it sends (the client's body upload excluded).
+        sent_mono_ns = time.monotonic_ns()
         try:
             async with self.session.request(
                 request.method, url, headers=headers, data=data, allow_redirects=False
@@ -231,6 +234,7 @@ class ProxyHandler:
                         upstream.status,
                         upstream.headers.get("Content-Type", ""),
                         upstream.headers.get("Content-Encoding", ""),
+                        sent_mono_ns,
                     )
                 await streamed.prepare(request)
                 end, detail = await self._stream(
@@ -270,9 +274,12 @@ class ProxyHandler:
                 chunk = await content.readany()
                 if not chunk:
                     break
+                # When the frontend's bytes came (a record's token offsets), before
+                # the write to the client, as a replayer times its own reads.
+                received = time.monotonic_ns()
                 if first:
                     first = False
-                    ttfb = (time.monotonic_ns() - arrival_mono_ns) / 1e9
+                    ttfb = (received - arrival_mono_ns) / 1e9
                     self.metrics.stats.first_byte(route.label, ttfb)
                 try:
                     await response.write(chunk)
@@ -283,7 +290,7 @@ class ProxyHandler:
                     # caught here so it is not taken for a broken frontend.
                     raise _ClientGone(response) from e
                 if capture is not None:
-                    capture.chunk(chunk)
+                    capture.chunk(chunk, received)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self.metrics.upstream_errors.labels("read_timeout").inc()
             self.oplog.log(

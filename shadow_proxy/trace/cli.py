@@ -4,9 +4,16 @@
     shadow-trace analyze SOURCE... [--block-size 16,64,512] [--capacity N] [--json PATH]
                                    [--plot PATH.png]
 
-Exit status: 0 done (an empty source gives an empty trace and says so on stderr),
-2 bad arguments (unknown format, bad block size, unreadable source). A progress
-line is drawn on stderr when it is a terminal and the run passes a few seconds.
+Reading ends with the files, at ``--max-records`` or ``--duration``, at a
+stream's end with ``--stop-at-end``, or on Ctrl-C (SIGINT) or SIGTERM: what was
+read is exported or analysed. JetStream records are acknowledged only once the
+output is written (and not at all when it is not, so the next run reads them).
+
+Exit status: 0 done; 2 bad arguments (unknown format, bad block size,
+unreadable source) or nothing to work on (no records, or none with token ids:
+one line says which, and nothing is written). A progress line is drawn on
+stderr when it is a terminal and the run passes a few seconds (with the share
+of the record files read and an ETA).
 """
 
 from __future__ import annotations
@@ -15,29 +22,38 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shlex
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from shadow_proxy.arguments import positive
 from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
+from shadow_proxy.records.limits import Limited, reading_progress
 
 if TYPE_CHECKING:
     from shadow_proxy.trace.selection import Selection, TraceRequest
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+#: ``export -o -`` whose reader closed the pipe (``| head``): not an error.
+EXIT_CLOSED = -1
 PROGRESS_AFTER_S = 3.0
 
 
 class _Progress:
-    """``records N, used M, R/s`` on stderr, redrawn at most once a second."""
+    """``records N, used M, R/s`` (and for files, how far and an ETA) on stderr,
+    redrawn at most once a second."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, source: sources.RecordSource) -> None:
         self.stream = stream
+        self.source = source
         self.enabled = stream.isatty()
         self.start = time.monotonic()
         self.shown = False
@@ -48,10 +64,14 @@ class _Progress:
         if not self.enabled or now < self.next:
             return
         self.next = now + 1.0
-        rate = selection.records / (now - self.start)
+        elapsed = now - self.start
+        rate = selection.records / elapsed
+        where = ""
+        if isinstance(self.source, sources.FileSource):
+            where = ", " + reading_progress(*self.source.progress(), elapsed)
         self.stream.write(
             f"\rshadow-trace: {selection.records:,} records, {selection.kept:,} used, "
-            f"{rate:,.0f} records/s "
+            f"{rate:,.0f} records/s{where} "
         )
         self.stream.flush()
         self.shown = True
@@ -61,59 +81,95 @@ class _Progress:
             self.stream.write("\n")
 
 
+Ack = Callable[[], Awaitable[None]]
+
+
 async def _collect(
     source: sources.RecordSource,
     selection: Selection,
     *,
     max_records: int | None,
     duration_s: float | None,
-) -> list[TraceRequest]:
-    """Every trace request the source holds (live sources: until ``--max-records``,
-    ``--duration`` or Ctrl-C). Exports and the reuse analysis order by arrival,
-    so they need all of them; memory is about 4 bytes per prompt token."""
-    progress = _Progress(sys.stderr)
+) -> tuple[list[TraceRequest], list[Ack]]:
+    """Every trace request the source holds, and the acknowledgements to give
+    once the output is written. Reading ends with the source, ``--max-records``,
+    ``--duration``, or SIGINT/SIGTERM (what was read is kept). Exports and the
+    reuse analysis order by arrival, so they need all of them; memory is about
+    4 bytes per prompt token (an acknowledgement holds no record)."""
+    progress = _Progress(sys.stderr, source)
     requests: list[TraceRequest] = []
-    deadline = None if duration_s is None else time.monotonic() + duration_s
+    acks: list[Ack] = []
 
     async def read() -> None:
-        async for delivery in source:
+        limited = Limited(source, max_records=max_records, duration_s=duration_s)
+        async for delivery in limited:
             publisher = delivery.message.publisher_id or None  # 0: a file without ids
             request = selection.take(delivery.envelope, publisher)
             if request is not None:
                 requests.append(request)
-            await delivery.ack()
+            if delivery.acknowledgement is not None:
+                acks.append(delivery.acknowledgement)
             if selection.records % 1024 == 0:
                 progress.tick(selection)
-            if max_records is not None and selection.records >= max_records:
-                return
 
+    reading = asyncio.create_task(read())
+    loop = asyncio.get_running_loop()
+    # A live source read until Ctrl-C: stop reading, keep what was read (signal
+    # handlers are the main thread's; run elsewhere, as a library, there are none).
+    main = threading.current_thread() is threading.main_thread()
+    signals = (signal.SIGINT, signal.SIGTERM) if main else ()
+    for sig in signals:
+        loop.add_signal_handler(sig, reading.cancel)
     try:
-        if deadline is None:
-            await read()
-        else:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(read(), timeout=max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading
+        if reading.cancelled():
+            _note("stopped by a signal: using what was read")
     finally:
-        await source.aclose()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
         progress.done()
-    return requests
+    return requests, acks
 
 
 def _note(line: str) -> None:
     print(f"shadow-trace: {line}", file=sys.stderr, flush=True)
 
 
-def _requests(args: argparse.Namespace, selection: Selection) -> tuple[list[TraceRequest], int]:
-    """The trace requests of the sources, and how many records were unreadable."""
-    # Selection deduplicates (also records of files without publisher ids).
-    source = sources.open_source(args, dedup=False, log=_note)
-    try:
-        requests = asyncio.run(
-            _collect(source, selection, max_records=args.max_records, duration_s=args.duration)
-        )
-    except KeyboardInterrupt:  # a live source: stop reading, write what was read
-        requests = []
-    return requests, sum(source.stats.unreadable.values())
+def _run(
+    args: argparse.Namespace, selection: Selection, produce: Callable[[list[TraceRequest]], int]
+) -> int:
+    """Read the source, then ``produce`` the output from what was read (it returns
+    an exit status); JetStream records are acknowledged once it returned 0."""
+
+    async def main() -> int:
+        # Selection deduplicates (also records of files without publisher ids).
+        source = sources.open_source(args, dedup=False, log=_note)
+        try:
+            await source.open()
+            requests, acks = await _collect(
+                source, selection, max_records=args.max_records, duration_s=args.duration
+            )
+            args.unreadable = sum(source.stats.unreadable.values())
+            code = produce(requests)
+            if code == 0:
+                for ack in acks:  # the output is written: these are handled
+                    await ack()
+            return code
+        finally:
+            await source.aclose()
+
+    return asyncio.run(main())
+
+
+def _nothing_to_do(selection: Selection, unreadable: int) -> str | None:
+    """Why there is nothing to export or analyse (say it, exit 2), or None."""
+    if selection.records == 0:
+        extra = f" ({unreadable:,} unreadable entries)" if unreadable else ""
+        return f"no records in the source{extra}"
+    if selection.kept == 0:
+        return "no request with token ids in the source (see above)"
+    return None
 
 
 def _summary_line(selection: Selection, unreadable: int) -> str:
@@ -136,33 +192,44 @@ def export_command(args: argparse.Namespace) -> int:
     from shadow_proxy.trace.export import Exporter
     from shadow_proxy.trace.selection import Selection
 
-    exporter = Exporter(args.format, args.block_size, sessions=not args.no_session_id)
+    exporter = Exporter(args.format, args.block_size, sessions=args.session_id)
     selection = Selection(taps={args.tap} if args.tap else None)
-    requests, unreadable = _requests(args, selection)
-    for request in requests:
-        exporter.add(request)
-    out_path = Path(args.output)
-    if args.output == "-":
-        written = exporter.write(sys.stdout)
-    else:
-        partial = out_path.with_name(f".{out_path.name}.partial")
-        with partial.open("w", encoding="utf-8") as out:
-            written = exporter.write(out)
-        partial.replace(out_path)
-    print(_summary_line(selection, unreadable), file=sys.stderr)
-    if written == 0:
-        print(
-            "shadow-trace: no request with token ids in the source; the trace is empty",
-            file=sys.stderr,
-        )
-    else:
+
+    def produce(requests: list[TraceRequest]) -> int:
+        print(_summary_line(selection, args.unreadable), file=sys.stderr)
+        nothing = _nothing_to_do(selection, args.unreadable)
+        if nothing is not None:
+            _note(f"{nothing}: no trace written")
+            return EXIT_USAGE
+        for request in requests:
+            exporter.add(request)
+        out_path = Path(args.output)
+        if args.output == "-":
+            try:
+                written = exporter.write(sys.stdout)
+                sys.stdout.flush()
+            except BrokenPipeError:  # `| head`: the reader has what it wanted
+                _quiet_stdout()
+                return EXIT_CLOSED
+        else:
+            partial = out_path.with_name(f".{out_path.name}.partial")
+            with partial.open("w", encoding="utf-8") as out:
+                written = exporter.write(out)
+            partial.replace(out_path)
         where = "stdout" if args.output == "-" else str(out_path)
-        print(
-            f"shadow-trace: wrote {written:,} {args.format} rows "
-            f"(block size {exporter.block_size}) to {where}",
-            file=sys.stderr,
-        )
-    return 0
+        _note(f"wrote {written:,} {args.format} rows (block size {exporter.block_size}) to {where}")
+        return 0
+
+    code = _run(args, selection, produce)
+    return 0 if code == EXIT_CLOSED else code
+
+
+def _quiet_stdout() -> None:
+    """stdout's reader went away: send what is left to /dev/null, so that the
+    interpreter's flush at exit raises nothing."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
@@ -172,37 +239,39 @@ def analyze_command(args: argparse.Namespace) -> int:
 
     analysis = ReuseAnalysis(args.block_size)
     selection = Selection(taps={args.tap} if args.tap else None)
-    requests, unreadable = _requests(args, selection)
-    analysis.extend(requests)
-    print(_summary_line(selection, unreadable), file=sys.stderr)
     command = "shadow-trace " + shlex.join(args.argv)
-    if analysis.requests == 0:
-        print(
-            "shadow-trace: no request with token ids in the source; nothing to analyze",
-            file=sys.stderr,
-        )
-    result = analysis.result()
-    print(report.table(result))
-    predicted = _predicted(result, args.capacity)
-    for line in predicted:
-        print(
-            f"predicted hit rate with {line['capacity_blocks']} blocks of "
-            f"{line['block_size']} tokens (LRU): {100 * line['hit_rate']:.1f}% "
-            f"of {line['prompt_tokens']} prompt tokens in {line['requests']} requests"
-        )
-    if args.json:
-        document = {
-            "command": command,
-            "input": {**selection.summary(), "unreadable": unreadable},
-            "block_sizes": list(args.block_size),
-            **to_json(result),
-        }
-        if predicted:
-            document["predicted"] = predicted
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
-    if args.plot:
-        report.plot(result, Path(args.plot), command)
-    return 0
+
+    def produce(requests: list[TraceRequest]) -> int:
+        print(_summary_line(selection, args.unreadable), file=sys.stderr)
+        nothing = _nothing_to_do(selection, args.unreadable)
+        if nothing is not None:
+            _note(f"{nothing}: nothing to analyze")
+            return EXIT_USAGE
+        analysis.extend(requests)
+        result = analysis.result()
+        print(report.table(result))
+        predicted = _predicted(result, args.capacity)
+        for line in predicted:
+            print(
+                f"predicted hit rate with {line['capacity_blocks']} blocks of "
+                f"{line['block_size']} tokens (LRU): {100 * line['hit_rate']:.1f}% "
+                f"of {line['prompt_tokens']} prompt tokens in {line['requests']} requests"
+            )
+        if args.json:
+            document = {
+                "command": command,
+                "input": {**selection.summary(), "unreadable": args.unreadable},
+                "block_sizes": list(args.block_size),
+                **to_json(result),
+            }
+            if predicted:
+                document["predicted"] = predicted
+            Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        if args.plot:
+            report.plot(result, Path(args.plot), command)
+        return 0
+
+    return _run(args, selection, produce)
 
 
 def _predicted(result: dict, capacity: int | None) -> list[dict]:
@@ -261,7 +330,10 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-records", type=positive(int), metavar="N", help="stop reading after N records"
     )
     parser.add_argument(
-        "--duration", type=float, metavar="S", help="stop reading a live source after S seconds"
+        "--duration",
+        type=positive(float),
+        metavar="S",
+        help="stop reading a live source after S seconds",
     )
 
 
@@ -278,11 +350,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--block-size", type=_block_size, help="tokens per block [mooncake 512, dynamo 64]"
     )
     export.add_argument("-o", "--output", required=True, help="output file ('-': stdout)")
-    export.add_argument(
-        "--no-session-id",
+    sessions = export.add_mutually_exclusive_group()
+    sessions.add_argument(
+        "--session-id",
         action="store_true",
-        help="mooncake: leave session_id out (AIPerf then replays every row as its own "
-        "single-turn conversation)",
+        help="mooncake: add each request's session_id (AIPerf then reads a session's rows as "
+        "the turns of one conversation, each row's input as new input, and its completions "
+        "endpoint refuses a second turn: for tools that group rows by session)",
+    )
+    sessions.add_argument(
+        "--no-session-id",
+        dest="session_id",
+        action="store_false",
+        help="mooncake: leave session_id out (the default: every row is a whole prompt, "
+        "which AIPerf replays as it is)",
     )
     export.set_defaults(run=export_command)
 
@@ -320,6 +401,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     except (sources.SourceError, OSError) as exc:
         print(f"shadow-trace: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C while writing: nothing acknowledged
+        print("shadow-trace: interrupted; nothing written in full", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

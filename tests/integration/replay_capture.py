@@ -18,7 +18,7 @@ from shadow_proxy.consumer.main import run_consumer
 from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.records import files, sources
 from shadow_proxy.records.wire import decode_envelope
-from shadow_proxy.replay.cli import envelopes_of
+from shadow_proxy.replay.cli import deliveries_of
 from tests.support.servers import proxy_config, run_proxy
 
 
@@ -61,16 +61,18 @@ async def capture(
     *,
     max_bytes: int = 1 << 30,
     gap_s: float = 0.01,
+    worker: dict[str, Any] | None = None,
 ) -> Path:
     """Send ``(request_id, chat body)`` pairs through a proxy in front of
     ``upstream`` one at a time; returns the directory of the record set once
-    the consumer has every joined record."""
+    the consumer has every joined record. ``worker``: the tap worker's
+    settings (default: the tests' priority, ``servers.TEST_WORKER``)."""
     endpoint = f"tcp://127.0.0.1:{reserve_port()}"
     taps = [
         {"name": "joined", "topic": "joined", "capture": "request_response", "emit": "joined",
          "endpoint": endpoint, "capacity": 4096},
     ]  # fmt: skip
-    config = proxy_config(upstream, models=list(models), taps=taps)
+    config = proxy_config(upstream, models=list(models), taps=taps, worker=worker or {})
     consumer = Consumer(endpoint, "joined", out, max_bytes)
     try:
         async with run_proxy(config) as (url, _registry, _app):
@@ -100,4 +102,4 @@ def load_records(directory: Path) -> list[dict[str, Any]]:
 def file_records(source: Path):
     """What the replay reads from a record set: (envelopes, unreadable counts)."""
     record_source = sources.FileSource(files.expand([source]))
-    return envelopes_of(record_source), lambda: record_source.stats.unreadable
+    return deliveries_of(record_source), lambda: record_source.stats.unreadable

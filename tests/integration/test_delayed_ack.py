@@ -106,7 +106,7 @@ async def test_switched_off(frontend: str) -> None:
 
 async def test_replay_measures_no_stall(frontend: str) -> None:
     """The replayer keeps its connections alive too; its TTFT is the frontend's."""
-    request = CandidateRequest(request_id="r", body=BODY, headers={}, prompt_tokens=1)
+    request = CandidateRequest(request_id="r", body=BODY, prompt_tokens=1)
     async with CandidateClient(frontend, concurrency=1) as client:
         ttfts = []
         for _ in range(REQUESTS):

@@ -240,7 +240,7 @@ class TestEveryRun:
         summary = run["summary"]
         assert (summary["records"], summary["replayed"], summary["errors"]) == (200, 200, 0)
         assert summary["exact_match_rate"] == round((200 - diverging) / 200, 6)
-        assert summary["first_divergence"] == {"p50": 4.0, "p90": 4.0, "p99": 4.0}
+        assert summary["first_divergence"] == {"p50": 4, "p90": 4, "p99": 4, "n": diverging}
         assert summary["differences"]["output"] == {
             "differs": diverging,
             "noise": 0,

@@ -908,3 +908,28 @@ class TestJetStreamOverlay:
         for rule in rules:
             assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
             assert rule["annotations"]["summary"], rule["alert"]
+
+    def test_a_failover_does_not_page(self, jetstream: list[dict[str, Any]]) -> None:
+        """A stream leader election counts a no-answer, never a mismatch: the
+        critical alert watches the mismatches alone (it paged on every failover,
+        having no ``for:``), the no-answers get a warning when they last."""
+        from shadow_proxy.worker.main.publishers.jetstream_metrics import (
+            MISMATCHES,
+            NO_ANSWERS,
+            STREAM_PROBLEMS,
+        )
+
+        groups = find(jetstream, "PrometheusRule", "shadow-proxy")["spec"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        watching = [r for r in rules if "shadow_nats_stream_problems_total" in r["expr"]]
+
+        def reasons(rule: dict[str, Any]) -> set[str]:
+            [matcher] = re.findall(r'reason=~"([^"]+)"', rule["expr"])
+            return set(matcher.split("|"))
+
+        critical = [r for r in watching if r["labels"]["severity"] == "critical"]
+        assert [reasons(r) for r in critical] == [set(MISMATCHES)]
+        assert all(r.get("for") for r in watching), "every stream alert waits"
+        warned = [reasons(r) for r in watching if r["labels"]["severity"] == "warning"]
+        assert warned == [set(NO_ANSWERS)]
+        assert set(MISMATCHES) | set(NO_ANSWERS) == set(STREAM_PROBLEMS)

@@ -31,6 +31,7 @@ from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.serving.app import TAPS
 from shadow_proxy.serving.supervisor import StartupError
 from shadow_proxy.worker.main.publishers.jetstream import PENDING_BYTES
+from shadow_proxy.worker.main.publishers.jetstream_metrics import MISMATCHES, NO_ANSWERS
 from tests.integration.jetstream_helpers import (
     REFERENCE_TAPS,
     consumer_cli,
@@ -75,6 +76,16 @@ def accounts_of(subscriber: TapSubscriber) -> Accounts:
     for message, envelope in zip(received.messages, received.records, strict=True):
         accounts.on_record(message, envelope)
     return accounts
+
+
+def problems(registry: Any, reasons: tuple[str, ...]) -> float | None:
+    """The stream problems counted for ``reasons`` (None before the worker's
+    JetStream metrics reach the registry)."""
+    values = [
+        registry.get_sample_value("shadow_nats_stream_problems_total", {"reason": r})
+        for r in reasons
+    ]
+    return None if None in values else sum(values)
 
 
 def comparable(summary: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +170,7 @@ class TestClusterFailover:
             config = jetstream_config(
                 url_frontend, model_dirs, nats_cluster.urls, *taps, replicas=3
             )
-            async with run_proxy(config) as (url, _, app):
+            async with run_proxy(config) as (url, registry, app):
                 spec = LoadSpec(
                     url=url,
                     model=MODEL,
@@ -183,7 +194,12 @@ class TestClusterFailover:
                 for tap in taps:
                     await published(app, tap["name"], requests, timeout=60)
                 state = tap_state(app)
+                # A failover is a transient no-answer, never a mismatch (that pages).
+                await wait_until(lambda: problems(registry, NO_ANSWERS) is not None, SETTLE_S)
+                assert problems(registry, MISMATCHES) == 0
+                transient = problems(registry, NO_ANSWERS)
         leader.wait_healthy()
+        print(f"no-answers counted during the failover: {transient}")
         for tap in taps:
             assert not any(state[tap["name"]]["dropped"].values()), state[tap["name"]]
             messages = await tap_messages(nats_cluster.urls, f"shadow.{tap['topic']}")

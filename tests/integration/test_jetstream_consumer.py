@@ -21,12 +21,15 @@ import nats
 import nats.js.errors
 import pytest
 
+from shadow_proxy.devtools.frontend import MockConfig
+from shadow_proxy.devtools.frontend import make_app as mock_app
 from shadow_proxy.devtools.processes import wait_until
 from shadow_proxy.records.files import read_entries
 from shadow_proxy.records.wire import Message, decode_envelope
 from tests.support import ROOT
 from tests.support.jetstream import DirectPublisher
 from tests.support.nats import messages_in
+from tests.support.servers import serve
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(90)]
 
@@ -258,11 +261,16 @@ class TestWrongSubject:
     @pytest.mark.parametrize(
         "tool",
         [
-            ["shadow-replay", "--candidate", "http://127.0.0.1:9"],
+            ["shadow-replay", "--candidate", "CANDIDATE"],
             ["shadow-trace", "analyze", "--duration", "30"],
         ],
     )
-    async def test_hint(self, nats_server, tmp_path, tool):
+    async def test_hint(self, nats_server, tmp_path, tool, model_dirs):
+        async with serve(mock_app(MockConfig(models={"deepseek": model_dirs["deepseek"]}))) as url:
+            # shadow-replay checks its candidate answers /v1/models before reading.
+            await self.hint(nats_server, tmp_path, [url if w == "CANDIDATE" else w for w in tool])
+
+    async def hint(self, nats_server, tmp_path, tool):
         nc = await nats.connect(nats_server.urls)
         try:
             js = nc.jetstream()

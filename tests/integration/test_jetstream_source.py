@@ -131,6 +131,72 @@ class TestDeliveries:
             await delivery.ack()
 
 
+async def publish_records(js: nats.js.JetStreamContext, count: int, first: int = 0) -> None:
+    for seq in range(first, first + count):
+        headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "3", "Shadow-Seq": str(seq)}
+        await js.publish(SUBJECT, synthetic_payload(TAP, seq), headers=headers)
+
+
+class TestStopAtEnd:
+    """``--stop-at-end``: a batch read of what the stream holds ends there (a live
+    reader never did), and an acknowledgement holds no record."""
+
+    async def test_ends_at_the_end(self, nats_server):
+        async with shadow_stream(nats_server.urls) as js:
+            await publish_records(js, 5)
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "batch", stop_at_end=True)
+        assert source.live is False
+        seqs = []
+        async with reading(source) as deliveries:
+            async with asyncio.timeout(20):
+                async for delivery in deliveries:
+                    seqs.append(delivery.envelope["seq"])
+                    await delivery.ack()
+        assert seqs == [0, 1, 2, 3, 4]
+        # The next run on the durable resumes past them, and ends at once.
+        async with shadow_stream_more(nats_server.urls) as js:
+            await publish_records(js, 2, first=5)
+        again = JetStreamSource(nats_server.urls, "SHADOW", TAP, "batch", stop_at_end=True)
+        async with reading(again) as deliveries, asyncio.timeout(20):
+            assert [d.envelope["seq"] async for d in deliveries] == [5, 6]
+
+    async def test_empty_stream_ends(self, nats_server):
+        async with shadow_stream(nats_server.urls):
+            pass
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "none", stop_at_end=True)
+        async with reading(source) as deliveries, asyncio.timeout(20):
+            assert [d async for d in deliveries] == []
+
+    async def test_held_acknowledgements(self, nats_server):
+        """A reader that keeps every acknowledgement until its output is written
+        (shadow-trace) may do so, and acknowledging later acknowledges them."""
+        async with shadow_stream(nats_server.urls) as js:
+            await publish_records(js, 4)
+        source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "held", stop_at_end=True)
+        async with reading(source) as deliveries, asyncio.timeout(20):
+            held = [d.ack async for d in deliveries]
+            assert len(held) == 4
+            for ack in held:
+                await ack()
+        async with shadow_stream_more(nats_server.urls) as js:
+
+            async def acknowledged() -> bool:
+                info = await js.consumer_info("SHADOW", "held")
+                return info.num_ack_pending == 0 and info.delivered.stream_seq == 4
+
+            await wait_until(acknowledged, timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def shadow_stream_more(urls: list[str]) -> AsyncIterator[nats.js.JetStreamContext]:
+    """A JetStream context on the SHADOW stream that already exists."""
+    nc = await nats.connect(urls)
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
+
+
 class TestRefused:
     """A stream that is not there, or a durable that reads other subjects."""
 

@@ -174,7 +174,10 @@ async def stack(
 def check_offsets(response: dict[str, Any]) -> None:
     first = response["first_token_offset_ns"]
     last = response["last_token_offset_ns"]
-    assert 0 < first <= last <= response["end_offset_ns"]
+    # The serving loop's stamp: the request went to the frontend after it arrived
+    # and before anything came back (a record's latencies start there).
+    sent = response["upstream_sent_offset_ns"]
+    assert 0 < sent < first <= last <= response["end_offset_ns"]
     offsets = response.get("chunk_offsets_ns", [])
     assert offsets == sorted(offsets)
     if offsets:
@@ -658,7 +661,8 @@ class TestSplitInvariance:
             stack.model.encode, tokens=True, text=True, max_tokens=None, chunk_timing=False
         )
         [(full, _)] = await stack.records(rid)
-        timing = ("first_token_offset_ns", "last_token_offset_ns", "end_offset_ns")
+        timing = ("first_token_offset_ns", "last_token_offset_ns", "end_offset_ns",
+                  "upstream_sent_offset_ns")  # fmt: skip
         theirs = {k: v for k, v in full.items() if k not in (*timing, "chunk_offsets_ns")}
         assert {k: v for k, v in mine.items() if k not in timing} == theirs
         assert len(observed.chunk_offsets_ns) == len(full["chunk_offsets_ns"]) == 15

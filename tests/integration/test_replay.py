@@ -33,6 +33,7 @@ MAX_TOKENS = 24
 DIVERGE_AT = 5  # inside the first cycle of the built-in output: ids diverge here too
 FRACTION = 0.3
 PRIMARY = {"ttft_ms": 10.0, "itl_ms": 2.0}
+STREAMED = {f"cap-{k}" for k in range(REQUESTS) if k % 2 == 0}
 SLOW = {"ttft_ms": 90.0, "itl_ms": 8.0, "diverge_fraction": FRACTION, "diverge_at": DIVERGE_AT}
 
 
@@ -119,7 +120,7 @@ class TestSlowerDivergentCandidate:
         assert summary["run"]["complete"] and summary["run"]["unreadable"] == {}
         assert summary["compared"] == REQUESTS and summary["output_basis"] == {"token_ids": 40}
         assert summary["exact_match_rate"] == round((REQUESTS - len(diverged)) / REQUESTS, 6)
-        assert summary["first_divergence"] == {"p50": 5.0, "p90": 5.0, "p99": 5.0}
+        assert summary["first_divergence"] == {"p50": 5, "p90": 5, "p99": 5, "n": len(diverged)}
         assert summary["prompt_token_mismatches"] == 0
         assert summary["differences"] == {
             "outcome": {"differs": 0, "noise": 0, "counted": 0},
@@ -142,17 +143,28 @@ class TestSlowerDivergentCandidate:
             assert line["candidate_diff"]["divergence"] == expected
             assert line["baseline_diff"]["output_equal"] is True
             assert line["counted"]["output"] is (r["request_id"] in diverged)
-            first_ns = r["response"]["first_token_offset_ns"]
-            streamed = first_ns != r["response"]["last_token_offset_ns"]
-            assert line["primary"]["ttft_ms"] == (round(first_ns / 1e6, 3) if streamed else None)
+            # The primary timed from the proxy's send upstream; a JSON body has no TTFT.
+            response = r["response"]
+            ttft_ns = response["first_token_offset_ns"] - response["upstream_sent_offset_ns"]
+            streamed = response["streamed"]
+            assert streamed is (r["request_id"] in STREAMED)
+            assert line["primary"]["ttft_ms"] == (round(ttft_ns / 1e6, 3) if streamed else None)
+            assert line["primary"]["timed_from"] == "upstream_send"
         for metric in ("ttft_ms", "itl_ms", "e2e_ms"):
             entry = summary[metric]
             for side in ("primary", "candidate", "baseline"):
                 values = [line[side][metric] for line in lines]
-                expected = p([v for v in values if v is not None])  # from 3-decimal values
+                have = [v for v in values if v is not None]
+                expected = {**p(have), "n": len(have)}  # from 3-decimal values
                 assert entry[side] == pytest.approx(expected, abs=0.002), (metric, side)
-            ratio = entry["candidate"]["p50"] / entry["primary"]["p50"]
-            assert entry["ratio_p50"] == round(ratio, 4)
+            both = [
+                (c, q)
+                for c, q in ((ln["candidate"][metric], ln["primary"][metric]) for ln in lines)
+                if c is not None and q is not None
+            ]
+            ratio = np.median([c for c, _ in both]) / np.median([q for _, q in both])
+            assert entry["ratio_p50"] == pytest.approx(ratio, rel=1e-3)  # paired: same records
+            assert entry["n"] == len(both)
             assert entry["verdict"] == "higher", (metric, entry)
             lo, hi = entry["candidate_vs_baseline_ci95"]
             assert lo <= entry["candidate_vs_baseline_p50"] <= hi
@@ -213,13 +225,23 @@ class TestBadInput:
         assert summary["errors_by_status"] == {"connection": 3}
         assert summary["differences"]["outcome"]["counted"] == 3
         assert all("Connect" in line["candidate"]["error"] for line in pairs(tmp_path / "c"))
+        # Failed requests give no latency verdict ("lower" before) and are not
+        # "no common basis" for the outputs.
+        assert all(summary[m]["verdict"] == "no_verdict" for m in ("ttft_ms", "e2e_ms"))
+        assert summary["e2e_ms"]["candidate"] is None
+        assert summary["not_compared"] == {"failed": 3, "no_common_basis": 0}
 
 
 class TestCommandLine:
     """The console script as a process: Ctrl-C writes the report of what was done
     (its arguments and a whole run in-process: tests/unit/replay/test_cli.py)."""
 
-    async def test_interrupt(self, captured: Path, model_dirs, loaded, tmp_path: Path) -> None:
+    @pytest.mark.parametrize(("sig", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+    async def test_interrupt(
+        self, captured: Path, model_dirs, loaded, tmp_path: Path, sig: int, status: int
+    ) -> None:
+        """Ctrl-C exits 130; SIGTERM, a service being stopped, exits 0: both after
+        writing the report of what was done."""
         async with _frontend(model_dirs, loaded, ttft_ms=400) as (candidate, _a):
             script = Path(sys.executable).parent / "shadow-replay"
             args = [str(script), str(captured), "--candidate", candidate, "--out", str(tmp_path),
@@ -231,11 +253,11 @@ class TestCommandLine:
             await wait_until(
                 lambda: pairs_file.exists() and pairs_file.read_text().count("\n") >= 2, timeout=30
             )
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             _out, err = await asyncio.wait_for(proc.communicate(), 30)
-        assert proc.returncode == 130, err.decode()
+        assert proc.returncode == status, err.decode()
         summary = json.loads((tmp_path / "summary.json").read_text())
-        assert summary["run"]["complete"] is False
+        assert summary["run"]["complete"] is False and summary["run"]["stopped_by"] == "signal"
         assert 2 <= summary["replayed"] < REQUESTS
         assert summary["replayed"] == len(pairs(tmp_path))
         assert "interrupted" in (tmp_path / "report.md").read_text()

@@ -1,10 +1,14 @@
-"""AIPerf 0.13 replays an exported Mooncake trace against the built-in frontend.
+"""AIPerf 0.13 replays an exported Mooncake trace against the built-in frontend,
+both commands run exactly as the docs write them.
 
-Real parts: the ``shadow-trace export`` command on a record file, AIPerf in its own
-venv (``make aiperf``) as a subprocess with a fixed schedule, the built-in frontend
-(``make_app``) on loopback, and the deepseek tokenizer. The frontend is wrapped in
-one middleware that keeps each request body, so the test sees the prompts AIPerf
-sent.
+Real parts: the README's ``shadow-trace export`` line (the demo's multi-turn
+records, with session ids) run as it is, then docs/trace.md's ``aiperf profile``
+command (placeholders filled in) from AIPerf's own venv (``make aiperf``) with a
+fixed schedule, the built-in frontend (``make_app``) on loopback, and the
+deepseek tokenizer. The frontend is wrapped in one middleware that keeps each
+request body, so the test sees the prompts AIPerf sent. (With ``session_id`` in
+the rows, AIPerf's completions endpoint refused every second turn: "Completions
+endpoint only supports one turn", and AIPerf exited 0.)
 
 Set up as a new user would: AIPerf's dataset workers load the tokenizer in
 offline mode, where a directory path is taken for a hub id, so the local model
@@ -18,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +33,6 @@ from aiohttp import web
 from tokenizers import Tokenizer
 
 from shadow_proxy.devtools.frontend import MockConfig, make_app
-from shadow_proxy.trace.cli import main as trace_main
 from tests.support import ROOT
 from tests.support.servers import serve
 from tests.support.trace_records import envelope, write_records
@@ -36,7 +42,22 @@ pytestmark = [pytest.mark.aiperf, pytest.mark.slow, pytest.mark.timeout(600)]
 SKIP_AIPERF_ENV = "SHADOW_PROXY_SKIP_AIPERF"
 AIPERF = Path(os.environ.get("AIPERF_BIN") or ROOT / ".aiperf" / "venv" / "bin" / "aiperf")
 HUB_NAME = "shadow-proxy/deepseek"
-BLOCK = 16
+#: The export's default block size, which the docs' AIPerf command names.
+BLOCK = 512
+
+
+def readme_export() -> list[str]:
+    """The README's mooncake export line, as a user copies it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    [line] = re.findall(r"^ +(shadow-trace export OUT/\S+ --format mooncake .*)$", text, re.M)
+    return shlex.split(line.split("#", 1)[0])
+
+
+def docs_aiperf() -> list[str]:
+    """docs/trace.md's ``aiperf profile`` command (its continuation lines joined)."""
+    text = (ROOT / "docs" / "trace.md").read_text(encoding="utf-8")
+    [block] = re.findall(r"^ +(aiperf profile (?:.*\\\n)*.*)$", text, re.M)
+    return shlex.split(block.replace("\\\n", " "))
 
 
 def require_aiperf() -> Path:
@@ -68,12 +89,12 @@ def workload() -> list[list[int]]:
     extending its own history; lengths on and off block boundaries."""
     system = list(range(100, 100 + 2 * BLOCK))  # two shared full blocks
     prompts = []
-    history = {c: system + [500 + c] * (5 + 7 * c) for c in range(3)}
+    history = {c: system + [500 + c] * (50 + 170 * c) for c in range(3)}
     for turn in range(3):
         for c in range(3):
-            history[c] = history[c] + [900 + 10 * turn + c] * (9 + 4 * turn)
+            history[c] = history[c] + [900 + 10 * turn + c] * (90 + 240 * turn)
             prompts.append(list(history[c]))
-            history[c] = history[c] + [7] * 3  # the answer
+            history[c] = history[c] + [7] * 30  # the answer
     prompts.append(system[:BLOCK])  # exactly one block: a prefix of everything
     return prompts
 
@@ -92,6 +113,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 async def run_aiperf(aiperf: Path, trace: Path, url: str, tmp: Path) -> tuple[int, str]:
+    """docs/trace.md's command with its placeholders filled in, and where to write."""
     env = {
         **os.environ,
         "HF_HOME": str(tmp / "hf"),
@@ -100,24 +122,13 @@ async def run_aiperf(aiperf: Path, trace: Path, url: str, tmp: Path) -> tuple[in
         "HOME": str(tmp / "home"),
     }
     env.pop("VIRTUAL_ENV", None)
+    fill = {"NAME": "deepseek", "http://FRONTEND": url, "ORG/NAME": HUB_NAME,
+            "trace.jsonl": str(trace)}  # fmt: skip
+    argv = [fill.get(word, word) for word in docs_aiperf()]
+    assert argv[:2] == ["aiperf", "profile"] and str(BLOCK) in argv
     process = await asyncio.create_subprocess_exec(
         str(aiperf),
-        "profile",
-        "--model",
-        "deepseek",
-        "--tokenizer",
-        HUB_NAME,
-        "--url",
-        url,
-        "--endpoint-type",
-        "completions",
-        "--input-file",
-        str(trace),
-        "--custom-dataset-type",
-        "mooncake_trace",
-        "--fixed-schedule",
-        "--isl-block-size",
-        str(BLOCK),
+        *argv[1:],
         "--artifact-dir",
         str(tmp / "artifacts"),
         "--ui-type",
@@ -131,6 +142,19 @@ async def run_aiperf(aiperf: Path, trace: Path, url: str, tmp: Path) -> tuple[in
     return process.returncode or 0, output.decode(errors="replace")
 
 
+async def run_readme_export(tmp: Path) -> tuple[int, str]:
+    """The README's export line as it is, in ``tmp`` (``OUT`` is a directory there)."""
+    argv = readme_export()
+    assert argv[0] == "shadow-trace"
+    tool = Path(sys.executable).parent / "shadow-trace"
+    process = await asyncio.create_subprocess_exec(
+        str(tool), *argv[1:], cwd=tmp,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    return process.returncode or 0, output.decode(errors="replace")
+
+
 class TestAIPerfReplaysTheTrace:
     """A fixed-schedule replay finishes without error and reproduces the trace's
     prefix sharing with exactly the trace's prompt lengths."""
@@ -139,31 +163,22 @@ class TestAIPerfReplaysTheTrace:
         aiperf = require_aiperf()
         hub_cache(tmp_path / "hf", model_dirs["deepseek"], HUB_NAME)
         prompts = workload()
-        records = write_records(
-            tmp_path / "records.bin",
+        argv = readme_export()
+        source = tmp_path / argv[2]  # OUT/run-5/shadow-replay.rec, as the demo writes it
+        source.parent.mkdir(parents=True)
+        write_records(
+            source,
             [
                 envelope(i, p, arrival_ms=150 * i, output_tokens=3, session_id=f"c{i % 3}")
                 for i, p in enumerate(prompts)
             ],
         )
+        code, output = await run_readme_export(tmp_path)
+        assert code == 0, output
         trace = tmp_path / "trace.jsonl"
-        code = await asyncio.to_thread(
-            trace_main,
-            [
-                "export",
-                str(records),
-                "--format",
-                "mooncake",
-                "--block-size",
-                str(BLOCK),
-                "--no-session-id",
-                "-o",
-                str(trace),
-            ],
-        )
-        assert code == 0
         rows = [json.loads(line) for line in trace.read_text().splitlines()]
         assert [r["input_length"] for r in rows] == [len(p) for p in prompts]
+        assert not any("session_id" in r for r in rows)  # whole prompts, not turns
         sharing = 0
         for i, a in enumerate(rows):
             for j, b in enumerate(rows[:i]):

@@ -26,6 +26,7 @@ def observation(
         prompt_tokens=5,
         http_status=503 if error else 200,
         error=error,
+        error_kind="http" if error else None,
     )
 
 

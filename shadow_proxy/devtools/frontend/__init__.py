@@ -15,7 +15,8 @@ real frontend would, without a model:
 - ``ttft_ms`` passes before the first token and ``itl_ms`` between tokens; each
   SSE event is its own ``write()`` (``handlers.py``).
 - Divergence (for replay tests and the demo): with ``diverge_fraction`` above 0,
-  a request whose request id (``x-request-id``, else the response id) falls in
+  a request whose request id (``x-shadow-original-request-id``, the record's id
+  a replayed request carries, else ``x-request-id``, else the response id) falls in
   that fraction (``config.diverges``: a CRC-32 of the id) skips one token of the
   cycle from token position ``diverge_at`` on, in every choice: same token count,
   the output differs from position ``diverge_at``.

@@ -40,6 +40,8 @@ from shadow_proxy.devtools.frontend.generation import (
 from shadow_proxy.devtools.frontend.models import ServedModel
 
 REQUEST_ID_HEADER = "x-request-id"
+#: What shadow-replay sends beside its own ``{id}-candidate`` request id.
+ORIGINAL_REQUEST_ID_HEADER = "x-shadow-original-request-id"
 
 
 @attrs.define
@@ -141,7 +143,10 @@ class Handlers:
             chat=chat,
             models=self.models,
             default_max_tokens=self.config.default_max_tokens,
-            request_id=request.headers.get(REQUEST_ID_HEADER),
+            # A replayed request carries its record's id beside its own: a
+            # candidate diverges on the same records as the primary would.
+            request_id=request.headers.get(ORIGINAL_REQUEST_ID_HEADER)
+            or request.headers.get(REQUEST_ID_HEADER),
         )
         counts = await self._count(accepted.model, accepted.prompts)
         config = self.config

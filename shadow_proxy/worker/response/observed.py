@@ -74,6 +74,11 @@ class ObservedResponse:
     done_seen: bool = False
     #: Chunk offsets dropped over ``max_chunk_offsets``.
     dropped_chunk_offsets: int = 0
+    #: When the proxy sent the request to the frontend, after arrival (None:
+    #: it did not, or the proxy did not say).
+    upstream_sent_offset_ns: int | None = None
+    #: Whether the response was an event stream (None: no response head).
+    streamed: bool | None = None
 
     def finalize(
         self, encode: Callable[[str], list[int]] | None, *, token_ids: bool = True
@@ -279,6 +284,10 @@ class FinalResponse:
         if obs.last_token_offset_ns is not None:
             record["last_token_offset_ns"] = obs.last_token_offset_ns
         record["end_offset_ns"] = obs.end_offset_ns
+        if obs.upstream_sent_offset_ns is not None:
+            record["upstream_sent_offset_ns"] = obs.upstream_sent_offset_ns
+        if obs.streamed is not None:
+            record["streamed"] = obs.streamed
         if chunk_timing and obs.chunk_offsets_ns:
             record["chunk_offsets_ns"] = list(obs.chunk_offsets_ns)
         if obs.http_status is not None:

@@ -128,6 +128,7 @@ class ResponseRecorder:
         self._ignoring = False  # the unary body went over its cap: ignore the rest
         self._encoding = "identity"
         self._last_offset: int | None = None
+        self._sent: int | None = None
         self._result: ObservedResponse | None = None
 
         self._choices = ChoiceTable(
@@ -157,11 +158,20 @@ class ResponseRecorder:
 
     # -- the three calls ------------------------------------------------------------
 
-    def head(self, status: int, content_type: str, content_encoding: str, offset_ns: int) -> None:
-        """The response headers arrived. Only the first call counts."""
+    def head(
+        self,
+        status: int,
+        content_type: str,
+        content_encoding: str,
+        offset_ns: int,
+        sent_offset_ns: int = 0,
+    ) -> None:
+        """The response headers arrived (``sent_offset_ns`` after arrival the
+        request went to the frontend; 0: it did not). Only the first call counts."""
         if self._status is not None or self._result is not None:
             return
         self._status = status
+        self._sent = sent_offset_ns or None
         media = content_type.split(";", 1)[0].strip().lower()
         if media == "text/event-stream":
             self._sse = SSEParser(self._max_event_bytes)
@@ -245,6 +255,8 @@ class ResponseRecorder:
             first_token_offset_ns=self._first,
             last_token_offset_ns=self._last,
             end_offset_ns=offset_ns,
+            upstream_sent_offset_ns=self._sent,
+            streamed=None if self._status is None else sse is not None,
             chunk_offsets_ns=self._offsets,
             end=end,
             n=self.n,

@@ -146,7 +146,13 @@ class Joiner:
     ) -> None:
         """The response head (if this message carries it), then the chunks."""
         if head is not None:
-            recorder.head(head.status, head.content_type, head.content_encoding, head.offset_ns)
+            recorder.head(
+                head.status,
+                head.content_type,
+                head.content_encoding,
+                head.offset_ns,
+                head.sent_offset_ns,
+            )
         for chunk, offset in zip(data, offsets, strict=True):
             recorder.feed(chunk, offset)
 

@@ -62,7 +62,7 @@ class TestRoundTrip:
         )
 
     def test_chunks_and_end(self) -> None:
-        head = Head(200, 12_345, "text/event-stream; charset=utf-8", "gzip")
+        head = Head(200, 12_345, "text/event-stream; charset=utf-8", "gzip", 678)
         chunks = Chunks(KEY_41, head, [10, 20, 30], [b"data: a\n\n", b"", b"data: bc\n\n"])
         assert round_trip(chunks) == chunks
         end = End(KEY_41, EndKind.CLIENT_GONE, 999, None, "client gone", [40], [b"x"])
@@ -89,7 +89,13 @@ class TestRoundTrip:
 
 
 class TestHead:
-    """The response head: status, offset, content type and encoding."""
+    """The response head: status, offset, content type and encoding, and when the
+    request was sent upstream."""
+
+    def test_sent_offset_round_trips(self) -> None:
+        head = Head(200, 12_345, "text/event-stream", "", sent_offset_ns=678)
+        decoded = Head.decode(head.encode())
+        assert decoded is not None and decoded.sent_offset_ns == 678
 
     def test_empty_values_and_none(self) -> None:
         assert Head.decode(Head(502, 0, "", "").encode()) == Head(502, 0, "", "")

@@ -35,4 +35,7 @@ class TestRecordId:
         requests = [build_request(prompt(i, i, [i + 1])) for i in (0, 1)]
         assert [r.request_id for r in requests] == ["batch-1-0", "batch-1-1"]
         assert [r.body["prompt"] for r in requests] == [[1], [2]]
-        assert len({r.headers["x-dynamo-request-id"] for r in requests}) == 2
+        sent = {
+            r.headers_for(t)["x-request-id"] for r in requests for t in ("candidate", "baseline")
+        }
+        assert len(sent) == 4

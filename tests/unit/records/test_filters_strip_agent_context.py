@@ -89,6 +89,14 @@ class TestDepth:
             stripped(pre)
         assert "extra_args" in kept(pre)  # only the walking tap is affected
 
+    def test_what_dynamo_accepts_is_copied(self) -> None:
+        """A field nested 100 levels deep (Dynamo's parser takes 128) reaches the
+        tap that strips session keys (at 64 the strip refused it)."""
+        deep = self.nested(50)  # 50 maps each holding a list: 100 levels
+        pre = request(extra_args={"x": deep, "session_id": "s"})
+        assert stripped(pre)["extra_args"] == {"x": deep}
+        assert kept(pre)["extra_args"] == {"x": deep, "session_id": "s"}
+
     def test_within_the_limit_is_copied(self) -> None:
         pre = request(extra_args={"x": self.nested(MAX_DEPTH // 2 - 2)})
         assert stripped(pre)["extra_args"] == {"x": self.nested(MAX_DEPTH // 2 - 2)}

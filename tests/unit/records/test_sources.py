@@ -63,6 +63,19 @@ class TestFileSource:
         assert found == [(1, "kv", 0), (1, "kv", 1), (2, "kv", 0), (1, "kv", 2), (1, "other", 1)]
         assert (source.stats.records, source.stats.duplicates, source.stats.files) == (5, 1, 2)
 
+    async def test_progress_in_bytes(self, tmp_path: Path) -> None:
+        """Bytes read and in all: the total and ETA of a progress line."""
+        first = write(tmp_path / "a", record(0), record(1))
+        second = write(tmp_path / "b", record(2))
+        source = sources.FileSource([first, second])
+        total = first.stat().st_size + second.stat().st_size
+        assert source.progress() == (0, total)
+        seen = []
+        async for _ in source.deliveries():
+            seen.append(source.progress()[0])
+        assert 0 < seen[0] < seen[1] <= first.stat().st_size < seen[2] <= total
+        assert source.progress() == (total, total)
+
     async def test_without_dedup_every_record_comes(self, tmp_path: Path) -> None:
         path = write(tmp_path / "a", record(0), record(0))
         assert len(await collect(sources.FileSource([path], dedup=False))) == 2
@@ -205,6 +218,23 @@ class TestOpenSource:
     def test_errors(self, tmp_path: Path, argv: tuple[str, ...], message: str) -> None:
         with pytest.raises(sources.SourceError, match=message):
             sources.open_source(arguments(*argv))
+
+    def test_nats_servers_repeated_or_comma_separated(self) -> None:
+        """``--nats a,b`` was a raw ValueError traceback from the NATS client."""
+        args = arguments("--nats", "nats://a:4222,nats://b:4222", "--nats", "nats://c:4222",
+                         "--tap", "kv", "--durable", "d")  # fmt: skip
+        source = sources.open_source(args)
+        assert source.servers == ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
+        assert source.live and not source.stop_at_end
+        args = arguments("--nats", "nats://a:4222", "--tap", "kv", "--durable", "d",
+                         "--stop-at-end")  # fmt: skip
+        batch = sources.open_source(args)
+        assert batch.stop_at_end and not batch.live
+
+    def test_stop_at_end_is_for_streams(self, tmp_path: Path) -> None:
+        write(tmp_path / "a", record(0))
+        with pytest.raises(sources.SourceError, match="--stop-at-end is for a JetStream stream"):
+            sources.open_source(arguments(str(tmp_path), "--stop-at-end"))
 
     def test_missing_file(self, tmp_path: Path) -> None:
         with pytest.raises(sources.SourceError, match="no record file at"):

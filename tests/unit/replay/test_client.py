@@ -10,8 +10,8 @@ import pytest
 from aiohttp import web
 
 from shadow_proxy.devtools.processes import reserve_port
-from shadow_proxy.replay.client import CandidateClient
-from shadow_proxy.replay.request import CandidateRequest
+from shadow_proxy.replay.client import CandidateClient, TargetUnavailable, check_url
+from shadow_proxy.replay.request import ORIGINAL_REQUEST_ID_HEADER, CandidateRequest
 from shadow_proxy.replay.runner import load_tokenizer
 from tests.support.servers import serve
 
@@ -27,7 +27,7 @@ def request(prompt_len: int = 5, max_tokens: int = 6, **extra) -> CandidateReque
         "stream_options": {"include_usage": True},
         **extra,
     }
-    return CandidateRequest("rid-7", body, {"x-request-id": "rid-7"}, prompt_len)
+    return CandidateRequest("rid-7", body, prompt_len)
 
 
 class TestStream:
@@ -70,12 +70,14 @@ class TestFailures:
         async with CandidateClient(frontend, concurrency=1) as client:
             obs = await client.send(request(mock_fault=fault))
         assert (obs.outcome, obs.http_status, obs.error) == ("error", status, message)
+        assert obs.error_key == ("503" if status == 503 else "stream")
 
     async def test_dropped_connection(self, frontend: str) -> None:
         async with CandidateClient(frontend, concurrency=1) as client:
             obs = await client.send(request(mock_fault="drop-after=2"))
         assert obs.outcome == "error" and obs.http_status == 200
         assert obs.error and "Payload" in obs.error
+        assert obs.error_kind == "stream"  # the answer began, then broke
 
     async def test_unreachable(self) -> None:
         url = f"http://127.0.0.1:{reserve_port()}"
@@ -83,11 +85,14 @@ class TestFailures:
             obs = await client.send(request())
         assert obs.outcome == "error" and obs.http_status is None
         assert obs.error and "Connect" in obs.error
+        assert obs.error_key == "connection"
 
     async def test_read_timeout(self, frontend: str) -> None:
+        """A read timeout is a ``timeout``, not a ``connection`` failure."""
         async with CandidateClient(frontend, concurrency=1, read_timeout_s=0.3) as client:
             obs = await client.send(request(mock_fault="hang"))
         assert obs.outcome == "error" and obs.error and "Timeout" in obs.error
+        assert obs.error_key == "timeout"
 
     async def test_unfinished_choice_is_incomplete(self, frontend: str) -> None:
         async with CandidateClient(frontend, concurrency=1) as client:
@@ -122,3 +127,56 @@ class TestReturnedIds:
         assert obs.token_ids == ((10, 11, 12, 13, 14, 15),)
         assert obs.texts == ("t0t1t2",)
         assert obs.output_tokens == 6 and obs.outcome == "complete"
+
+
+class TestRequestIds:
+    """Each target sends its own request id; the record's own id travels beside it."""
+
+    async def test_headers(self) -> None:
+        seen: list[dict[str, str]] = []
+
+        async def keep(request_: web.Request) -> web.StreamResponse:
+            seen.append({k.lower(): v for k, v in request_.headers.items()})
+            return await vllm_like(request_)
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", keep)
+        async with serve(app) as url:
+            for target in ("candidate", "baseline"):
+                async with CandidateClient(url, concurrency=1, target=target) as client:
+                    await client.send(request())
+        assert [h["x-request-id"] for h in seen] == ["rid-7-candidate", "rid-7-baseline"]
+        assert all(h[ORIGINAL_REQUEST_ID_HEADER] == "rid-7" for h in seen)
+        assert all("x-dynamo-request-id" not in h for h in seen)
+
+
+class TestCheck:
+    """Before a replay a target must answer ``GET /v1/models`` (and serve ``--model``)."""
+
+    async def test_lists_the_models(self, frontend: str) -> None:
+        async with CandidateClient(frontend, concurrency=1) as client:
+            assert "deepseek" in await client.check()
+            assert "deepseek" in await client.check("deepseek")
+            with pytest.raises(TargetUnavailable, match="does not serve model 'other'"):
+                await client.check("other")
+
+    async def test_nothing_listening(self) -> None:
+        url = f"http://127.0.0.1:{reserve_port()}"
+        async with CandidateClient(url, concurrency=1, target="baseline") as client:
+            with pytest.raises(TargetUnavailable, match=r"^baseline http://.* does not answer GET"):
+                await client.check()
+
+    async def test_error_status(self) -> None:
+        async def broken(_request: web.Request) -> web.Response:
+            return web.json_response({"error": {"message": "down"}}, status=500)
+
+        app = web.Application()
+        app.router.add_get("/v1/models", broken)
+        async with serve(app) as url, CandidateClient(url, concurrency=1) as client:
+            with pytest.raises(TargetUnavailable, match="with HTTP 500: down"):
+                await client.check()
+
+    def test_url_needs_a_scheme(self) -> None:
+        assert check_url("http://h:1", "--candidate") == "http://h:1"
+        with pytest.raises(ValueError, match=r"'--candidate' must be an http:// or https:// URL"):
+            check_url("127.0.0.1:8000", "--candidate")

@@ -72,6 +72,26 @@ class TestPrimary:
         assert p.token_ids is None
         assert p.itl_ms == pytest.approx(15.0)  # (50 - 20) / (max(3, 2) - 1)
 
+    def test_one_read_carried_every_token(self) -> None:
+        """That read's time is the TTFT (a fast engine's usual case); only the ITL
+        is unknown. Leaving such records out timed the primary on its slow ones."""
+        p = primary_observation(record(last_token_offset_ns=20_000_000))
+        assert p.ttft_ms == 20.0 and p.itl_ms is None and p.e2e_ms == 60.0
+
+    def test_timed_from_the_upstream_send(self) -> None:
+        """As the candidate is timed from the replayer's send, the primary is timed
+        from the proxy's send to the frontend, not from its arrival at the proxy."""
+        p = primary_observation(record(upstream_sent_offset_ns=4_000_000))
+        assert (p.ttft_ms, p.e2e_ms, p.timed_from) == (16.0, 56.0, "upstream_send")
+        assert p.itl_ms == pytest.approx(10.0)
+        assert primary_observation(record()).timed_from == "arrival"  # an older record
+
+    def test_not_streamed_has_no_token_timing(self) -> None:
+        """A JSON body brought its first token with the whole answer: no TTFT to compare."""
+        p = primary_observation(record(streamed=False, last_token_offset_ns=20_000_000))
+        assert (p.ttft_ms, p.itl_ms, p.e2e_ms) == (None, None, 60.0)
+        assert primary_observation(record(streamed=True)).ttft_ms == 20.0
+
     def test_itl_needs_two_tokens(self) -> None:
         assert mean_itl_ms(1, 5, 1) is None
         assert mean_itl_ms(None, 5, 3) is None
@@ -137,6 +157,16 @@ class TestCompare:
         d = compare(p, observed(outcome="error", finish_reasons=("stop",), prompt_tokens=8), 9)
         assert d.outcome_differs and d.finish_reason_differs and d.prompt_tokens_differ
         assert compare(p, observed(prompt_tokens=None), 9).prompt_tokens_differ is None
+
+    def test_a_failed_side_is_not_compared(self) -> None:
+        """Errors are their own basis (not "no common basis") and have no latency ratios."""
+        p = primary_observation(record())
+        d = compare(p, observed(outcome="error", token_ids=None, texts=()), 9)
+        assert (d.basis, d.output_equal, d.divergence) == ("error", None, None)
+        assert (d.ttft_ratio, d.itl_ratio, d.e2e_ratio) == (None, None, None)
+        failed_primary = primary_observation(record(outcome="error"))
+        assert not failed_primary.succeeded
+        assert compare(failed_primary, observed(), 9).basis == "error"
 
     def test_first_divergence(self) -> None:
         assert first_divergence("abc", "abc") is None

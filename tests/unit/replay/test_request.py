@@ -5,7 +5,6 @@ own preprocessor (which reads requests the way Dynamo's frontend does)."""
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import pytest
@@ -13,11 +12,11 @@ import pytest
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.filters import FilterSet
 from shadow_proxy.replay.request import (
+    ORIGINAL_REQUEST_ID_HEADER,
     SKIP_REASONS,
     CandidateRequest,
     Skip,
     build_request,
-    dynamo_id,
 )
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import load_model
@@ -128,19 +127,28 @@ class TestShape:
         assert built.body["stream"] is True
         assert built.body["stream_options"] == {"include_usage": True}
         assert built.body["model"] == "other"
-        assert built.headers == {"x-req": "rid-1", "x-dynamo-request-id": dynamo_id("rid-1")}
+        assert built.request_id == "rid-1"
         assert built.prompt_tokens == len(record["request"]["token_ids"])
         # The candidate's own model card decides EOS; routing pins never travel.
         assert "stop_token_ids_hidden" not in built.body
         assert "nvext" not in built.body
 
-    def test_dynamo_request_id(self) -> None:
-        uid = "0b5e9a3c-1f2d-4e6a-8b7c-9d0e1f2a3b4c"
-        assert dynamo_id(uid) == uid
-        assert dynamo_id("0b5e9a3c1f2d4e6a8b7c9d0e1f2a3b4c") == "0b5e9a3c1f2d4e6a8b7c9d0e1f2a3b4c"
-        derived = dynamo_id("cap-1")
-        assert derived == dynamo_id("cap-1") != dynamo_id("cap-2")
-        assert str(uuid.UUID(derived)) == derived
+    def test_each_target_its_own_request_id(self, preprocessor: Preprocessor) -> None:
+        """Candidate and baseline never carry the same id (one deployment serving
+        both refuses an id already in flight); the record's own id travels beside."""
+        record = record_of(preprocessor, Route.CHAT, {**CHAT, "n": 1})
+        built = build_request(record, request_id_header="x-req")
+        assert isinstance(built, CandidateRequest)
+        assert built.headers_for("candidate") == {
+            "x-req": "rid-1-candidate",
+            ORIGINAL_REQUEST_ID_HEADER: "rid-1",
+        }
+        assert built.headers_for("baseline") == {
+            "x-req": "rid-1-baseline",
+            ORIGINAL_REQUEST_ID_HEADER: "rid-1",
+        }
+        # Dynamo's deprecated header (it warns on every request) is not sent.
+        assert "x-dynamo-request-id" not in built.headers_for("candidate")
 
     def test_false_and_default_options_are_not_sent(self, preprocessor: Preprocessor) -> None:
         body = {"model": "deepseek", "prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": False}

@@ -60,9 +60,10 @@ class TestMessages:
 
     async def test_a_short_stream_is_two_messages(self, channel) -> None:
         handoff, reader, _ = channel
-        capture = handoff.open(Route.CHAT, "r", b"{}", 1, time.monotonic_ns())
+        arrival = time.monotonic_ns()
+        capture = handoff.open(Route.CHAT, "r", b"{}", 1, arrival)
         await receive(reader)
-        capture.head(200, "text/event-stream", "gzip")
+        capture.head(200, "text/event-stream", "gzip", arrival + 5_000)
         for chunk in (b"data: a\n\n", b"data: b\n\n"):
             capture.chunk(chunk)
         capture.end(EndKind.CLEAN)
@@ -71,6 +72,8 @@ class TestMessages:
         assert isinstance(end.head, Head)
         head = (end.head.status, end.head.content_type, end.head.content_encoding, end.detail)
         assert head == (200, "text/event-stream", "gzip", "")
+        # the request went upstream, then the head came
+        assert end.head.sent_offset_ns == 5_000 and end.head.offset_ns >= 5_000
         assert end.data == [b"data: a\n\n", b"data: b\n\n"]
         assert end.offsets == sorted(end.offsets) and end.offsets[0] >= 0
         assert await nothing_more(reader)

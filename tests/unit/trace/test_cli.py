@@ -49,9 +49,38 @@ class TestReading:
         assert "1 invalid (bad_token_ids) skipped" in err and "1 unreadable skipped" in err
 
     def test_empty_source(self, tmp_path, capsys):
-        code, rows = export_rows(tmp_path, [], "--format", "dynamo")
-        assert code == 0 and rows == [] and (tmp_path / "trace.jsonl").read_text() == ""
-        assert "the trace is empty" in capsys.readouterr().err
+        """No records: one line and exit 2, no trace written."""
+        path = write_records(tmp_path / "r.bin", [])
+        out = tmp_path / "trace.jsonl"
+        assert main(["export", str(path), "--format", "dynamo", "-o", str(out)]) == 2
+        assert "shadow-trace: no records in the source: no trace written" in (
+            capsys.readouterr().err
+        )
+        assert not out.exists()
+
+    def test_no_token_ids(self, tmp_path, capsys):
+        path = write_records(tmp_path / "r.bin", [envelope(0, None)])
+        out = tmp_path / "trace.jsonl"
+        assert main(["export", str(path), "--format", "mooncake", "-o", str(out)]) == 2
+        assert "no request with token ids in the source" in capsys.readouterr().err
+
+    def test_closed_stdout(self, tmp_path):
+        """``export -o - | head``: no "[Errno 32] Broken pipe", exit 0."""
+        import subprocess
+        import sys
+
+        path = write_records(tmp_path / "r.bin", [envelope(i, [i + 1] * 50) for i in range(3000)])
+        script = "from shadow_proxy.trace.cli import main; raise SystemExit(main())"
+        head = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", script, "export", str(path), "--format", "mooncake", "-o", "-"],
+            stdout=head.stdin, stderr=subprocess.PIPE, timeout=120, check=False,
+        )  # fmt: skip
+        head.stdin.close()
+        head.wait(30)
+        assert done.returncode == 0, done.stderr
+        assert b"Broken pipe" not in done.stderr and b"Traceback" not in done.stderr
 
     def test_max_records(self, tmp_path, capsys):
         envelopes = [envelope(i, [i + 1]) for i in range(5)]
@@ -135,10 +164,12 @@ class TestAnalyze:
         assert "(all)" in table and "50.0%" in table
 
     def test_empty_source(self, tmp_path, capsys):
+        """No records: one line and exit 2 (it printed a table with "hit inf")."""
         path = write_records(tmp_path / "r.bin", [])
-        assert main(["analyze", str(path), "--json", str(tmp_path / "j")]) == 0
-        assert "nothing to analyze" in capsys.readouterr().err
-        assert json.loads((tmp_path / "j").read_text())["all"]["64"]["requests"] == 0
+        assert main(["analyze", str(path), "--json", str(tmp_path / "j")]) == 2
+        out = capsys.readouterr()
+        assert "shadow-trace: no records in the source: nothing to analyze" in out.err
+        assert "inf" not in out.out and not (tmp_path / "j").exists()
 
 
 class TestCapacity:

@@ -19,6 +19,7 @@ class TestMooncake:
             "mooncake",
             "--block-size",
             "2",
+            "--session-id",
         )
         assert code == 0
         assert rows == [
@@ -47,11 +48,16 @@ class TestMooncake:
         _, rows = export_rows(tmp_path, [envelope(0, range(1025))], "--format", "mooncake")
         assert rows[0]["hash_ids"] == [0, 1, 2]
 
-    def test_no_session_id(self, tmp_path):
-        _, rows = export_rows(
-            tmp_path, [envelope(0, [1], session_id="s")], "--format", "mooncake", "--no-session-id"
-        )
-        assert "session_id" not in rows[0]
+    def test_no_session_id_by_default(self, tmp_path):
+        """Rows carry the whole prompt, which AIPerf replays as it is; with a
+        session_id AIPerf takes it for a turn's new input (and its completions
+        endpoint refuses a second turn)."""
+        records = [envelope(0, [1], session_id="s")]
+        for flags in ((), ("--no-session-id",)):
+            _, rows = export_rows(tmp_path, records, "--format", "mooncake", *flags)
+            assert "session_id" not in rows[0]
+        _, rows = export_rows(tmp_path, records, "--format", "mooncake", "--session-id")
+        assert rows[0]["session_id"] == "s"
 
     def test_request_record_without_max_tokens(self, tmp_path):
         _, rows = export_rows(tmp_path, [envelope(0, [1], max_tokens=None)], "--format", "mooncake")

@@ -100,6 +100,8 @@ class JetStreamLink:
         self.checked = threading.Event()
         self.problem: str | None = None
         self.stream_ok = False
+        #: A check found (or made) the stream once: a later creation means it vanished.
+        self.stream_seen = False
         self.closing = False
         self.open_publishers = 0
         self.started_at = 0.0
@@ -282,6 +284,10 @@ class JetStreamLink:
         js = self.nc.jetstream(timeout=API_TIMEOUT_S)
         check = await ensure_stream(js, self.config, self.subjects)
         if check.ok:
+            if check.created and self.stream_seen:  # it was there, it vanished
+                self.stats.stream_problems["missing"] += 1
+                self.note("stream %s vanished and was created again", self.config.stream)
+            self.stream_seen = True
             self.stream_ok = True
             self.problem = None
         else:
@@ -304,7 +310,9 @@ class JetStreamLink:
             return
         if not found and self.stream_ok:
             self.stream_ok = False
-            self.stats.stream_problems["no_stream"] += 1
+            # Most often a stream leader election: transient. The check that follows
+            # tells a stream that vanished (``missing``) or changed (``subjects``).
+            self.stats.stream_problems["no_answer"] += 1
             self.note("no stream answered on %s: checking the stream again", publisher.subject)
 
     async def _on_error(self, error: Exception) -> None:

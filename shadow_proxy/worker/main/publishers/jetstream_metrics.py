@@ -43,8 +43,16 @@ ACK_BUCKETS = (
     300,
 )
 
-#: Why a stream check did not let the taps publish (``shadow_nats_stream_problems``).
-STREAM_PROBLEMS = ("subjects", "refused", "unavailable", "no_stream")
+#: Why the taps could not publish to the stream (``shadow_nats_stream_problems``).
+#: A real mismatch, that an operator must fix (``MISMATCHES``): the stream does
+#: not cover a tap's subject, JetStream refused to create it, or it vanished
+#: (and was created again, empty). A transient no-answer, that a stream leader
+#: election or a server restart causes and that passes by itself
+#: (``NO_ANSWERS``): JetStream did not answer a stream check, or a publish got
+#: no answer from the stream (the stream is then checked again).
+MISMATCHES = ("subjects", "refused", "missing")
+NO_ANSWERS = ("unavailable", "no_answer")
+STREAM_PROBLEMS = (*MISMATCHES, *NO_ANSWERS)
 
 
 @attrs.define
@@ -132,9 +140,11 @@ class JetStreamMetrics(Collector):
         reconnects.add_metric([], self.link.reconnects)
         problems = CounterMetricFamily(
             "shadow_nats_stream_problems",
-            "Stream checks that kept the JetStream taps from publishing, by reason "
-            "(subjects: the stream does not cover a tap's subject; unavailable: JetStream "
-            "did not answer; no_stream: a publish found no stream).",
+            "Times the JetStream taps could not publish to the stream, by reason. A "
+            "mismatch to fix: subjects (the stream does not cover a tap's subject), refused "
+            "(JetStream would not create it), missing (it vanished and was created again). "
+            "A transient no-answer (a leader election): unavailable (a stream check got no "
+            "answer), no_answer (a publish got none; the stream is checked again).",
             labels=["reason"],
         )
         for reason, count in self.link.stream_problems.items():

@@ -25,6 +25,29 @@ from tests.support.responses import (
 )
 
 
+class TestTiming:
+    """What the record's offsets were measured from: when the proxy sent the request
+    to the frontend, and whether the answer streamed."""
+
+    def test_upstream_send(self) -> None:
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False)
+        recorder.head(200, SSE, "", 900, sent_offset_ns=300)
+        recorder.feed(sse(chat("Hi"), chat(finish="stop")), 1_500)
+        rec = record(recorder.finish(EndKind.CLEAN, 2_000))
+        assert rec["upstream_sent_offset_ns"] == 300 and rec["streamed"] is True
+        assert rec["first_token_offset_ns"] == 1_500
+
+    def test_not_sent_upstream(self) -> None:
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False)
+        recorder.head(502, "application/json", "", 900)  # the proxy answered itself
+        rec = record(recorder.finish(EndKind.UPSTREAM_FAILED, 1_000))
+        assert "upstream_sent_offset_ns" not in rec and rec["streamed"] is False
+        no_head = record(
+            ResponseRecorder(Route.CHAT, 1, chunk_timing=False).finish(EndKind.CLIENT_GONE, 5)
+        )
+        assert "streamed" not in no_head and "upstream_sent_offset_ns" not in no_head
+
+
 class TestComplete:
     """A stream or body whose requested choices all finished is complete."""
 
@@ -48,6 +71,7 @@ class TestComplete:
             "first_token_offset_ns": 20,
             "last_token_offset_ns": 30,
             "end_offset_ns": 1000,
+            "streamed": True,
             "chunk_offsets_ns": [20, 20, 30],
             "http_status": 200,
             "usage": {"prompt_tokens": 5, "completion_tokens": 4},
@@ -102,6 +126,7 @@ class TestComplete:
         ]
         assert rec["first_token_offset_ns"] == rec["last_token_offset_ns"] == 20
         assert rec["upstream_id"] == "chatcmpl-u"
+        assert rec["streamed"] is False  # a JSON body: its first token came with all of it
 
     def test_completions_unary_n2(self) -> None:
         body = {

@@ -30,7 +30,12 @@ def joiner_factory(model_dirs: dict[str, Path]):
                 "filters": filters,
             }
             for i, (name, filters) in enumerate(
-                [("first", []), ("private", ["strip-agent-context"]), ("last", [])]
+                [
+                    ("first", []),
+                    ("private", ["strip-agent-context"]),
+                    ("last", []),
+                    ("lean", ["tokens-only"]),
+                ]
             )
         ]
         config = Config.from_mapping(
@@ -60,18 +65,33 @@ def nested(depth: int) -> list:
 
 class TestIsolation:
     def test_projection_failure_costs_one_tap(self, joiner_factory) -> None:
+        """Nested past what the session-key strip walks (128 levels, as Dynamo's
+        parser takes): that tap loses the record, counted, its seq taken; the
+        taps that copy the field as it is, or drop it, keep it."""
         joiner = joiner_factory()
         body = {
             "model": "chatml",
             "messages": [{"role": "user", "content": "x"}],
-            "bad_words_token_ids": nested(100),  # deeper than the projection walks
+            "bad_words_token_ids": nested(200),
         }
         hand_over(joiner, body)
-        first, private, last = joiner.sink
-        assert (len(first.items), len(private.items), len(last.items)) == (1, 0, 1)
+        first, private, last, lean = joiner.sink
+        assert [len(q.items) for q in (first, private, last, lean)] == [1, 0, 1, 1]
         assert private.dropped["projection_error"] == 1
         assert private.next_seq == 1  # the seq is taken: a consumer sees the gap
-        assert first.dropped["projection_error"] == last.dropped["projection_error"] == 0
+        assert not any(q.dropped.get("projection_error") for q in (first, last, lean))
+
+    def test_what_dynamo_accepts_reaches_every_tap(self, joiner_factory) -> None:
+        """100 levels (Dynamo's parser takes 128): every tap, the strip's too (at a
+        64-level strip the strip-agent-context tap lost it)."""
+        joiner = joiner_factory()
+        body = {
+            "model": "chatml",
+            "messages": [{"role": "user", "content": "x"}],
+            "bad_words_token_ids": nested(100),
+        }
+        hand_over(joiner, body)
+        assert [len(q.items) for q in joiner.sink] == [1, 1, 1, 1]
 
     def test_lone_surrogate_body_not_mirrored_as_the_frontend_refuses_it(self, joiner_factory):
         joiner = joiner_factory()

@@ -63,7 +63,8 @@ class TestCollector:
         problems = {
             r: value("shadow_nats_stream_problems_total", {"reason": r}) for r in STREAM_PROBLEMS
         }
-        assert problems == {"subjects": 4, "refused": 0, "unavailable": 0, "no_stream": 0}
+        expected = {"subjects": 4, "refused": 0, "missing": 0, "unavailable": 0, "no_answer": 0}
+        assert problems == expected
 
     def test_reads_the_current_numbers(self) -> None:
         link = LinkStats()
