@@ -919,7 +919,7 @@ class TestJetStreamOverlay:
             STREAM_PROBLEMS,
         )
 
-        groups = find(jetstream, "PrometheusRule", "shadow-proxy")["spec"]["groups"]
+        groups = find(jetstream, "PrometheusRule", "shadow-proxy-jetstream")["spec"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
         watching = [r for r in rules if "shadow_nats_stream_problems_total" in r["expr"]]
 
