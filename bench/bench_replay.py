@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.tables import commit
 from shadow_proxy.devtools.frontend import MockConfig, ServedModel
 from shadow_proxy.devtools.processes import Child, cli_argv, reserve_port, wait_http_ok
 from shadow_proxy.records.files import RecordFile
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("requests_per_s", "output_tokens_per_s", "cpu_ms_per_request", "core_share")
     result = {
         "settings": {k: v for k, v in vars(args).items() if k != "json" and v is not None},
-        "machine": {"cpus": os.cpu_count()},
+        "machine": {"cpus": os.cpu_count(), "commit": commit()},
         "rounds": rounds,
         "median": {k: statistics.median(r[k] for r in rounds) for k in keys},
         "aiperf_equivalent": aiperf_command(url, args),

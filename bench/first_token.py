@@ -3,7 +3,7 @@ kept-alive and fresh client connections, with the proxy's quick ACK on and off.
 
 Dynamo's HTTP listener writes without TCP_NODELAY: on a kept-alive connection
 its first body bytes wait for the delayed acknowledgement of the response
-headers (README, "Pooled connections cost no first token"). The proxy keeps
+headers (docs/running.md, "Pooled connections cost no first token"). The proxy keeps
 its connections to the frontend alive, so without a quick ACK a client that
 connects afresh for each request pays the stall through the proxy and not
 directly. Sequential requests (one in flight), so what is measured is the
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         f"## shadow-proxy bench: first token (stamp {stamp})",
         "",
         f"Command: `{command.strip()}`  ",
+        f"Commit: {info['commit']}  ",
         f"Machine: {info['cpu_model']}, {info['cores']} cores, load average at start "
         f"{info['loadavg_at_start']}",
         "",

@@ -270,7 +270,7 @@ WORKER_REGIMES = ("scaling", "multiturn", "overload", "hostile")
 
 #: Rounds per case where the default 2 is too few: beside hostile traffic both
 #: cases' TTFT p99 lies in the half second after each 62 MB upload, whose depth
-#: varies from round to round by more than the 10% bound (README, the misses).
+#: varies from round to round by more than the 10% bound (docs/benchmarks.md, the misses).
 ROUNDS = {"hostile": 4}
 
 

@@ -36,6 +36,7 @@ def machine() -> dict[str, Any]:
     with contextlib.suppress(OSError):
         load = Path("/proc/loadavg").read_text().split()[:3]
     return {
+        "commit": commit(),
         "cpu_model": cpu_model,
         "cores": os.cpu_count(),
         "kernel": platform.release(),
@@ -43,6 +44,29 @@ def machine() -> dict[str, Any]:
         "packages": packages,
         "loadavg_at_start": " ".join(load),
     }
+
+
+def commit() -> str:
+    """The commit a result was measured at (``-dirty``: with uncommitted changes)."""
+    try:
+        git = ["git", "-C", str(REPO)]
+        head = subprocess.run(
+            [*git, "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
 
 
 def _f(value: Any, digits: int = 1) -> str:
@@ -61,6 +85,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
     m = result["machine"]
     out = [f"## shadow-proxy bench: {result['regime']} ({result['started']})", ""]
     out.append(f"Command: `{command}`  ")
+    out.append(f"Commit: {m.get('commit', 'unknown')}  ")
     out.append(
         f"Machine: {m['cpu_model']}, {m['cores']} cores, Linux {m['kernel']}, "
         f"Python {m['python']}, load average at start {m['loadavg_at_start']}; "

@@ -57,6 +57,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"## shadow-proxy bench: {result['regime']} ({result['started']})",
         "",
         f"Command: `{command}`  ",
+        f"Commit: {m.get('commit', 'unknown')}  ",
         f"Machine: {m['cpu_model']}, {m['cores']} cores, load average at start "
         f"{m['loadavg_at_start']}",
         "",

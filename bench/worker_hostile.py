@@ -23,7 +23,7 @@ from bench.services import MODEL_NAME, REPO, Frontend
 from shadow_proxy.devtools.loadgen import LoadSpec, make_prompt, many_tools
 from shadow_proxy.devtools.reference_taps import TAP_NAMES
 
-#: The worker's memory bound the regime holds it to (README, Bounds): each shard is
+#: The worker's memory bound the regime holds it to (docs/metrics.md, Bounds): each shard is
 #: replaced past ``max_rss_mb``; the main holds its hand-off share besides.
 MAX_RSS_MB = 1024
 MAIN_ALLOWANCE_MB = 512

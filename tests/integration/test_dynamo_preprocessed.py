@@ -5,7 +5,7 @@ PreprocessedRequest the worker receives).
 Compared: token_ids, stop_conditions, sampling_options, output_options,
 eos_token_ids, annotations, routing, extra_args, agent_context,
 image_cache_scope (Dynamo's nulls left out, as records leave them out).
-Deliberately different (README, "Where the record differs"): ``mdc_sum`` (ours
+Deliberately different (docs/models.md, "Where the record differs"): ``mdc_sum`` (ours
 hashes the tokenizer files), ``request_timestamp_ms`` (ours is the arrival time
 when the request sets none), ``multi_modal_data`` (ours lists the media URLs).
 """

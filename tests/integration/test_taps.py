@@ -614,7 +614,7 @@ class TestStalledConsumer:
     REQUESTS = 5000
     CONCURRENCY = 32
     #: Bounds on VmRSS while the consumer is stopped: about 2x (serving process)
-    #: and 1.5x (worker) the peaks measured with this test (README, "Bounds").
+    #: and 1.5x (worker) the peaks measured with this test (docs/metrics.md, "Bounds").
     PROXY_RSS_LIMIT_KIB = 120 * 1024
     WORKER_RSS_LIMIT_KIB = 400 * 1024
 

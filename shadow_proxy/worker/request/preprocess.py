@@ -17,7 +17,7 @@ as Dynamo renders, or jinja2 where ``template_engine`` says the frontend does)
 and the text is encoded by the ``tokenizers`` backend, not through
 ``apply_chat_template(tokenize=True)`` (which adds message normalization and
 BatchEncoding work, and warns past ``model_max_length``). What it costs per
-prompt length: ``bench/bench_preprocess.py`` (figures in the README, "What it
+prompt length: ``bench/bench_preprocess.py`` (figures in docs/benchmarks.md, "What it
 costs").
 """
 

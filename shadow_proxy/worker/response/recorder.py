@@ -40,7 +40,7 @@ constructor argument):
 Worst case, all caps reached: about 28 MiB for a stream (16 MiB of body instead
 of the SSE buffer for a unary response), plus the transient Python objects of
 the one JSON event or body being decoded. What typical responses hold is
-measured by ``bench/recorder_memory.py`` (figures in the README, "Bounds").
+measured by ``bench/recorder_memory.py`` (figures in docs/metrics.md, "Bounds").
 """
 
 from __future__ import annotations
