@@ -31,7 +31,8 @@ def mentioned() -> dict[str, set[str]]:
     ]
     rules = yaml.safe_load((ROOT / "deploy/kubernetes/base/prometheusrule.yaml").read_text())
     alerts = [r["expr"] for g in rules["spec"]["groups"] for r in g["rules"]]
-    readme = "".join((ROOT / p).read_text() for p in ("README.md", "docs/metrics.md", "deploy/README.md"))
+    pages = ("README.md", "docs/metrics.md", "deploy/README.md")
+    readme = "".join((ROOT / page).read_text() for page in pages)
     return {
         "README": set(NAME.findall(readme)),
         "dashboard": {n for e in exprs for n in NAME.findall(e)},
