@@ -46,24 +46,18 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _git(*args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=5, check=True
+    )
+    return done.stdout.strip()
+
+
 def commit() -> str:
     """The commit a result was measured at (``-dirty``: with uncommitted changes)."""
     try:
-        git = ["git", "-C", str(REPO)]
-        head = subprocess.run(
-            [*git, "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
+        head = _git("rev-parse", "--short=12", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
