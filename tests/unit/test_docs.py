@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
+
 PAGES = [ROOT / "README.md", ROOT / "deploy" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: A Markdown link or image: ``[text](target)``; the target up to a space or ``)``.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
