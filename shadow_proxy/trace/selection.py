@@ -78,7 +78,7 @@ class Selection:
     _seen: set[tuple[Any, ...]] = attrs.field(factory=set, init=False, repr=False)
 
     def take(
-        self, envelope: Mapping[str, Any], publisher_id: int | None = None
+        self, envelope: Mapping[str, Any] | None, publisher_id: int | None = None
     ) -> TraceRequest | None:
         """The trace request a record stands for, or None (and counted why)."""
         self.records += 1
@@ -87,14 +87,14 @@ class Selection:
             return None
         tap, seq = envelope.get("tap"), envelope.get("seq")
         request = envelope.get("request")
-        arrival = envelope.get("arrival_unix_ns")
+        arrival = _count(envelope.get("arrival_unix_ns"))
         if not isinstance(tap, str) or _count(seq) is None:
             self.invalid["no_tap_or_seq"] += 1
             return None
         if not isinstance(request, Mapping):
             self.invalid["no_request"] += 1
             return None
-        if _count(arrival) is None:
+        if arrival is None:
             self.invalid["no_arrival"] += 1
             return None
         request_id = record_id(envelope)  # a batch's prompts: one id each

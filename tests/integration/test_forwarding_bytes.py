@@ -111,11 +111,16 @@ class TestBodies:
     @pytest.mark.parametrize(
         ("encoding", "body"),
         [
-            (b"gzip", gzip.compress(b'{"model":"m","messages":[{"role":"user","content":"hi"}]}')),
+            (
+                b"gzip",
+                gzip.compress(
+                    b'{"model":"m","messages":[{"role":"user","content":"hi"}]}', mtime=0
+                ),
+            ),
             (b"deflate", zlib.compress(b'{"model":"m","prompt":"deflated"}')),
             (b"br", os.urandom(512)),  # not decodable here: forwarded all the same
             (b"gzip", b"not gzip at all \x00\xff"),  # a lying header: not the proxy's business
-            (b"gzip, identity", gzip.compress(b"{}" * 1000)),
+            (b"gzip, identity", gzip.compress(b"{}" * 1000, mtime=0)),
             (None, bytes(range(256)) * 64),
         ],
     )
@@ -132,7 +137,7 @@ class TestBodies:
     async def test_chunked_request_body(self, proxied):
         """A chunked body is reassembled (the framing is hop-by-hop), the bytes kept."""
         proxy, frontend = proxied
-        body = gzip.compress(b'{"prompt":"' + b"x" * 3000 + b'"}')
+        body = gzip.compress(b'{"prompt":"' + b"x" * 3000 + b'"}', mtime=0)
         chunks = b"".join(
             b"%x\r\n%s\r\n" % (len(body[i : i + 100]), body[i : i + 100])
             for i in range(0, len(body), 100)
@@ -222,7 +227,7 @@ class TestEncodedBodiesAreMirrored:
                 for n, (body, headers) in enumerate(
                     (
                         (plain, []),
-                        (gzip.compress(plain), [b"Content-Encoding: gzip"]),
+                        (gzip.compress(plain, mtime=0), [b"Content-Encoding: gzip"]),
                         (zlib.compress(plain), [b"Content-Encoding: deflate"]),
                     ),
                     1,
@@ -234,7 +239,7 @@ class TestEncodedBodiesAreMirrored:
                     assert frontend.requests[-1].body == body
                     records = await sub.wait_records(n, timeout=30)
                 # A bomb: small on the wire, over max_request_bytes decoded.
-                bomb = gzip.compress(b" " * 200_000)
+                bomb = gzip.compress(b" " * 200_000, mtime=0)
                 answer = await raw_exchange(
                     proxy.port, post(b"/v1/chat/completions", bomb, b"Content-Encoding: gzip")
                 )

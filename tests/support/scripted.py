@@ -60,7 +60,7 @@ class Frontend:
         if path == "/slow-stream":
             return await self.slow_stream(request)
         if path == "/gzip":
-            payload = gzip.compress(b'{"hello": "world"}' * 100)
+            payload = gzip.compress(b'{"hello": "world"}' * 100, mtime=0)
             return web.Response(
                 body=payload,
                 headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},

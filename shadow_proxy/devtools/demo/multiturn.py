@@ -62,7 +62,7 @@ def session_structure(
     ids, and whether each turn's token ids (request records) extend the previous
     turn's in the same session, in arrival order."""
     tokens = {r.get("request_id"): (r.get("request") or {}).get("token_ids") for r in requests}
-    by_session: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    by_session: dict[str, list[tuple[int, str | None]]] = defaultdict(list)
     without = 0
     for record in joined:
         context = (record.get("request") or {}).get("agent_context") or {}

@@ -213,7 +213,7 @@ async def run_once(
     clients["frontend_prompt_tokens"] = prompt_total
     clients["prompt_tokens_asked_again"] = asked
     clients["prompt_tokens_uncounted"] = uncounted
-    result = {
+    result: dict[str, Any] = {
         "title": run.title,
         "kind": run.kind,
         "load": {

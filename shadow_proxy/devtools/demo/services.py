@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -128,7 +129,7 @@ async def builtin_frontends(
             for name, url in urls.items():
                 await wait_for_run(
                     f"the built-in frontend {name!r} answering /health",
-                    lambda url=url: get_json(session, url + "/health"),
+                    functools.partial(get_json, session, url + "/health"),
                     list(children.values()),
                     STARTUP_TIMEOUT_S,
                 )

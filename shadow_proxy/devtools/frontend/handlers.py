@@ -178,6 +178,7 @@ class Handlers:
             if gen is None or gen.faults.status is not None:
                 stats.requests_failed += 1
                 status = faults.status if gen is None else gen.faults.status
+                assert status is not None  # a fault status, or no plan was made
                 message = f"mock fault: status {status}"
                 return self._error(request, status, message, "server_error", status)
             if gen.stream:

@@ -144,7 +144,8 @@ class ResponsesHandler:
         body = json_object(raw)
         fault_text = request.headers.get(FAULT_HEADER) or body.get(FAULT_FIELD)
         faults = Faults.parse(fault_text if isinstance(fault_text, str) else None)
-        model = self.h.models.get(body.get("model"))
+        name = body.get("model")
+        model = self.h.models.get(name) if isinstance(name, str) else None
         if model is None:
             raise MockRequestError("Model not found", status=404)
         for key in NOT_IMPLEMENTED:

@@ -301,7 +301,7 @@ def normalize_system(messages: list[dict], *, demote: bool, coalesce: bool) -> l
             and previous["role"] == "user"
             and (coalesce or (demote and messages[i]["role"] == "system"))
         )
-        if merge:
+        if merge and previous is not None:
             a, b = previous.get("content"), message.get("content")
             if isinstance(a, str) and isinstance(b, str):
                 previous["content"] = f"{a}\n\n{b}"

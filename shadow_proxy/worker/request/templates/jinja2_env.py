@@ -31,7 +31,7 @@ class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` renders its body (transformers marks
     assistant spans with it; the prompt text is the same)."""
 
-    tags = frozenset({"generation"})
+    tags = {"generation"}  # noqa: RUF012 (jinja2 declares it a set on the instance)
 
     def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno

@@ -51,10 +51,10 @@ class DynDict(dict):
     def __str__(self) -> str:
         return nested_repr(self)
 
-    def keys(self):  # type: ignore[override]
+    def keys(self):
         return DynList(super().keys())
 
-    def values(self):  # type: ignore[override]
+    def values(self):
         return DynList(super().values())
 
 
@@ -261,10 +261,11 @@ def rewrite_source(source: str) -> str:
             i = end
         elif source.startswith("{{", i) or source.startswith("{%", i):
             close = "}}" if source[i + 1] == "{" else "%}"
-            end = _tag_end(source, i + 2, close)
-            if end is None:
+            tag_end = _tag_end(source, i + 2, close)
+            if tag_end is None:
                 out.append(source[i:])
                 break
+            end = tag_end
             inner = source[i + 2 : end - 2]
             if close == "%}" and _block_name(inner) == "raw":
                 raw_end = _raw_end(source, end)

@@ -27,7 +27,7 @@ class TestEncodings:
 
     def test_gzip_stream(self) -> None:
         raw = b"".join(CHAT_STREAM)
-        packed = gzip.compress(raw)
+        packed = gzip.compress(raw, mtime=0)
         obs = observe(*(packed[i : i + 7] for i in range(0, len(packed), 7)), encoding="gzip")
         timing = ("first_token_offset_ns", "last_token_offset_ns", "chunk_offsets_ns")
         rec = {k: v for k, v in record(obs).items() if k not in timing}
@@ -37,7 +37,7 @@ class TestEncodings:
 
     def test_gzip_with_several_members(self) -> None:
         raw = b"".join(CHAT_STREAM)
-        packed = gzip.compress(raw[:100]) + gzip.compress(raw[100:])
+        packed = gzip.compress(raw[:100], mtime=0) + gzip.compress(raw[100:], mtime=0)
         obs = observe(packed[:50], packed[50:], encoding="gzip")
         assert obs.outcome == "complete"
         assert obs.choices[0].text == "Hello wörld"
@@ -54,13 +54,13 @@ class TestEncodings:
         assert obs.choices[0].text == "hello"
 
     def test_gzip_bomb_is_cut_at_the_unary_cap(self) -> None:
-        packed = gzip.compress(b" " * (8 << 20))
+        packed = gzip.compress(b" " * (8 << 20), mtime=0)
         obs = observe(packed, ctype=JSON, encoding="gzip", max_unary_bytes=1 << 20)
         assert obs.body_problem == f"body over {1 << 20} bytes"
 
     def test_decompression_is_stepwise(self) -> None:
         """A small compressed chunk never expands into one huge buffer."""
-        packed = gzip.compress(b"data: " + b"x" * (32 << 20))  # one 32 MiB line
+        packed = gzip.compress(b"data: " + b"x" * (32 << 20), mtime=0)  # one 32 MiB line
         recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False, max_event_bytes=1 << 20)
         recorder.head(200, SSE, "gzip", 0)
         tracemalloc.start()
@@ -103,7 +103,7 @@ class TestBodyDecoder:
         assert list(decoding.BodyDecoder("identity").decode(b"abc")) == [b"abc"]
 
     def test_a_bomb_comes_out_in_steps(self) -> None:
-        data = gzip.compress(b"\0" * (5 * decoding.DECODE_STEP))
+        data = gzip.compress(b"\0" * (5 * decoding.DECODE_STEP), mtime=0)
         pieces = list(decoding.for_header("gzip").decode(data))
         assert all(len(p) <= decoding.DECODE_STEP for p in pieces)
         assert sum(map(len, pieces)) == 5 * decoding.DECODE_STEP

@@ -259,7 +259,7 @@ def _same_offset_record(chunks: list[bytes], encoding: str = "") -> dict[str, An
 REFERENCE = _same_offset_record([PROPERTY_STREAM])
 
 
-GZIPPED = gzip.compress(PROPERTY_STREAM)
+GZIPPED = gzip.compress(PROPERTY_STREAM, mtime=0)
 
 
 class TestAnySplit:
