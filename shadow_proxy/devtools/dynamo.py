@@ -186,12 +186,18 @@ class Dynamo:
         ``dyn://dynamo.{component}.generate`` when ``component`` is given)."""
         endpoint = ("--endpoint", f"dyn://dynamo.{component}.generate") if component else ()
         argv = [
-            str(self.python), "-m", "dynamo.mocker",
-            "--model-path", str(Path(model_dir).resolve()),
-            "--model-name", served_name,
-            "--speedup-ratio", str(speedup),
-            *endpoint, *extra_args,
-        ]  # fmt: skip
+            str(self.python),
+            "-m",
+            "dynamo.mocker",
+            "--model-path",
+            str(Path(model_dir).resolve()),
+            "--model-name",
+            served_name,
+            "--speedup-ratio",
+            str(speedup),
+            *endpoint,
+            *extra_args,
+        ]
         return self.start_engine(f"mocker-{component}" if component else "mocker", argv)
 
     async def add_mocker(
@@ -211,9 +217,12 @@ class Dynamo:
         ``DynamoStartError`` says why. Stopped with the others."""
         component = component or "".join(c for c in served_name if c.isalnum())
         mocker = self.start_mocker(
-            model_dir, served_name, speedup=speedup, component=component,
+            model_dir,
+            served_name,
+            speedup=speedup,
+            component=component,
             extra_args=extra_mocker_args,
-        )  # fmt: skip
+        )
         try:
             await self.wait_model(served_name, [mocker, self.frontend], ready_timeout)
         except BaseException:
@@ -313,8 +322,16 @@ async def start_frontend(
     Raises ``DynamoUnavailable`` when Dynamo is not installed."""
     python, scratch = await asyncio.to_thread(_prepare, Path(scratch))
     port = http_port or reserve_port()
-    argv = [str(python), "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
-            "--http-port", str(port), *extra_frontend_args]  # fmt: skip
+    argv = [
+        str(python),
+        "-m",
+        "dynamo.frontend",
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        *extra_frontend_args,
+    ]
     frontend = Child(
         "frontend",
         argv,
@@ -354,9 +371,12 @@ async def start_dynamo(
     """
     started = time.monotonic()
     dynamo = await start_frontend(
-        served_name, scratch, http_port=http_port, extra_frontend_args=extra_frontend_args,
+        served_name,
+        scratch,
+        http_port=http_port,
+        extra_frontend_args=extra_frontend_args,
         extra_frontend_env=extra_frontend_env,
-    )  # fmt: skip
+    )
     try:
         dynamo.start_mocker(model_dir, served_name, speedup=speedup, extra_args=extra_mocker_args)
         await dynamo.wait_model(served_name, dynamo.children, ready_timeout)

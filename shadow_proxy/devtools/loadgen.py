@@ -269,8 +269,9 @@ def _usage_from_sse(data: bytes) -> dict | None:
     return None
 
 
-async def _one(session: aiohttp.ClientSession, spec: LoadSpec, index: int, body: bytes,
-               load_started: float) -> Result:  # fmt: skip
+async def _one(
+    session: aiohttp.ClientSession, spec: LoadSpec, index: int, body: bytes, load_started: float
+) -> Result:
     path = PATHS[spec.api]
     cancel = spec.cancels(index)
     started = time.perf_counter()
@@ -363,8 +364,9 @@ async def run_load(spec: LoadSpec) -> Report:
     return Report(spec, results, duration, origin)
 
 
-async def first_bytes_ms(url: str, bodies: Iterable[dict[str, Any]], *, fresh: bool,
-                         gap_s: float = 0.01) -> list[float]:  # fmt: skip
+async def first_bytes_ms(
+    url: str, bodies: Iterable[dict[str, Any]], *, fresh: bool, gap_s: float = 0.01
+) -> list[float]:
     """Milliseconds from sending each body (a JSON POST to ``url``) to its
     response's first body bytes, one request at a time with ``gap_s`` between,
     on one kept-alive connection or, with ``fresh``, a new connection each. Each

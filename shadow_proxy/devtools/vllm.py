@@ -181,8 +181,10 @@ class Vllm:
     async def prefix_cache(self) -> tuple[float, float]:
         """``(vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total)``, in tokens."""
         text = await self.metrics()
-        return (_sample(text, "vllm:prefix_cache_hits_total"),
-                _sample(text, "vllm:prefix_cache_queries_total"))  # fmt: skip
+        return (
+            _sample(text, "vllm:prefix_cache_hits_total"),
+            _sample(text, "vllm:prefix_cache_queries_total"),
+        )
 
     async def cache_config(self) -> dict[str, str]:
         """The labels of ``vllm:cache_config_info`` (``block_size``,
@@ -244,15 +246,35 @@ def launch_vllm(
     blocks = ("--num-gpu-blocks-override", str(num_blocks)) if num_blocks else ()
     tool_args = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes") if tools else ()
     argv = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(Path(model_dir).resolve()), "--served-model-name", served_name, *aliases,
-        "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "4096", "--dtype", "float32", "--enforce-eager",
-        "--max-num-seqs", "8", "--enable-prefix-caching",
-        "--distributed-executor-backend", "uni",
-        "--enable-log-requests", "--log-level", "DEBUG",
-        *blocks, *tool_args, *extra_args,
-    ]  # fmt: skip
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(Path(model_dir).resolve()),
+        "--served-model-name",
+        served_name,
+        *aliases,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "4096",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "8",
+        "--enable-prefix-caching",
+        "--distributed-executor-backend",
+        "uni",
+        "--enable-log-requests",
+        "--log-level",
+        "DEBUG",
+        *blocks,
+        *tool_args,
+        *extra_args,
+    ]
     child = Child(
         f"vllm-{served_name}",
         argv,

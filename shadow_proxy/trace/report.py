@@ -87,8 +87,15 @@ def plot(result: dict[str, dict[int, ReuseCurve]], path: Path, command: str) -> 
             prompt_blocks = max(c.prompt_tokens for c in curves.values()) // smallest
             scale = 1 if unit == "blocks" else smallest
             axis.set_xlim(scale, scale * max(10, prompt_blocks))
-            axis.text(0.5, 0.5, note.replace(": ", ":\n", 1), transform=axis.transAxes,
-                      ha="center", va="center", wrap=True)  # fmt: skip
+            axis.text(
+                0.5,
+                0.5,
+                note.replace(": ", ":\n", 1),
+                transform=axis.transAxes,
+                ha="center",
+                va="center",
+                wrap=True,
+            )
         axis.set_xlabel(f"LRU cache capacity ({unit})")
         axis.set_ylabel("prefix-cache hit rate (hit tokens / prompt tokens)")
         axis.set_ylim(0, 1)

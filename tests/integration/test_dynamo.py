@@ -488,12 +488,17 @@ class TestDemo:
         results = tmp_path / "demo.json"
         out = io.StringIO()
         argv = [
-            "--frontend", dynamo.base_url,
-            "--model", "deepseek",
-            "--tokenizer", str(MODELS / "deepseek"),
-            "--out", str(tmp_path / "out"),
-            "--json", str(results),
-        ]  # fmt: skip
+            "--frontend",
+            dynamo.base_url,
+            "--model",
+            "deepseek",
+            "--tokenizer",
+            str(MODELS / "deepseek"),
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+            str(results),
+        ]
         status = run_demo(argv, out=out)
         tables = out.getvalue()
         (tmp_path / "demo-tables.txt").write_text(tables, encoding="utf-8")
@@ -502,13 +507,14 @@ class TestDemo:
         assert "left out: the replay run needs the built-in frontends" in tables
         runs = json.loads(results.read_text())["runs"]
         reference, multi = runs[:4], runs[4:]
-        assert [(r["load"]["api"], r["load"]["stream"], r["load"]["cancel_fraction"])
-                for r in reference] == [
+        assert [
+            (r["load"]["api"], r["load"]["stream"], r["load"]["cancel_fraction"]) for r in reference
+        ] == [
             ("chat", True, 0.0),
             ("chat", False, 0.0),
             ("chat", True, 0.25),
             ("responses", True, 0.25),
-        ]  # fmt: skip
+        ]
         spec = LoadSpec(url="", model="deepseek", cancel_fraction=0.25)
         for run in reference:
             clients, taps = run["clients"], run["taps"]

@@ -74,8 +74,15 @@ async def recorder(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tu
 async def proxy(recorder) -> AsyncIterator[tuple[str, TapSubscriber, Path]]:
     dynamo, out = recorder
     endpoint = reserve_endpoint()
-    taps = [{"name": TAP, "topic": TAP, "capture": "request", "endpoint": endpoint,
-             "filters": ["keep-worker-pins"]}]  # fmt: skip
+    taps = [
+        {
+            "name": TAP,
+            "topic": TAP,
+            "capture": "request",
+            "endpoint": endpoint,
+            "filters": ["keep-worker-pins"],
+        }
+    ]
     config = proxy_config(dynamo.base_url, models={MODEL: REPO / ".models" / MODEL}, taps=taps)
     with TapSubscriber(endpoint, TAP) as records:
         async with run_proxy(config) as (url, _registry, _app):

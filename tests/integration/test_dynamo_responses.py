@@ -406,17 +406,23 @@ class TestResponses:
             for i, shape in enumerate(input_shapes()):
                 for stream in (True, False):
                     limit = 1 + (i * 7 + stream * 3) % 24
-                    bodies.append({"model": model, **shape, "max_output_tokens": limit,
-                                   "stream": stream})  # fmt: skip
+                    bodies.append(
+                        {"model": model, **shape, "max_output_tokens": limit, "stream": stream}
+                    )
         # Refused after the 200: the mocker needs max_output_tokens (response.failed).
         bodies += [{"model": "deepseek", "input": "no limit", "stream": True}]
         answers = await send_all(stack.url, "/v1/responses", bodies)
-        failed = [(b, a.status, a.body[:200]) for b, a in zip(bodies, answers, strict=True)
-                  if a.status != 200]  # fmt: skip
+        failed = [
+            (b, a.status, a.body[:200])
+            for b, a in zip(bodies, answers, strict=True)
+            if a.status != 200
+        ]
         assert not failed, failed[:3]
         await check_answers(stack, bodies, answers)
-        views = [ResponsesView.parse(a.body, bool(b.get("stream")))
-                 for b, a in zip(bodies, answers, strict=True)]  # fmt: skip
+        views = [
+            ResponsesView.parse(a.body, bool(b.get("stream")))
+            for b, a in zip(bodies, answers, strict=True)
+        ]
         assert {v.status for v in views} >= {"incomplete", "failed"}
         with_usage = sum(v.usage is not None for v in views)
         assert with_usage == len(bodies) - 1

@@ -661,8 +661,12 @@ class TestSplitInvariance:
             stack.model.encode, tokens=True, text=True, max_tokens=None, chunk_timing=False
         )
         [(full, _)] = await stack.records(rid)
-        timing = ("first_token_offset_ns", "last_token_offset_ns", "end_offset_ns",
-                  "upstream_sent_offset_ns")  # fmt: skip
+        timing = (
+            "first_token_offset_ns",
+            "last_token_offset_ns",
+            "end_offset_ns",
+            "upstream_sent_offset_ns",
+        )
         theirs = {k: v for k, v in full.items() if k not in (*timing, "chunk_offsets_ns")}
         assert {k: v for k, v in mine.items() if k not in timing} == theirs
         assert len(observed.chunk_offsets_ns) == len(full["chunk_offsets_ns"]) == 15

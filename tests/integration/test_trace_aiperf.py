@@ -122,8 +122,12 @@ async def run_aiperf(aiperf: Path, trace: Path, url: str, tmp: Path) -> tuple[in
         "HOME": str(tmp / "home"),
     }
     env.pop("VIRTUAL_ENV", None)
-    fill = {"NAME": "deepseek", "http://FRONTEND": url, "ORG/NAME": HUB_NAME,
-            "trace.jsonl": str(trace)}  # fmt: skip
+    fill = {
+        "NAME": "deepseek",
+        "http://FRONTEND": url,
+        "ORG/NAME": HUB_NAME,
+        "trace.jsonl": str(trace),
+    }
     argv = [fill.get(word, word) for word in docs_aiperf()]
     assert argv[:2] == ["aiperf", "profile"] and str(BLOCK) in argv
     process = await asyncio.create_subprocess_exec(
@@ -148,9 +152,12 @@ async def run_readme_export(tmp: Path) -> tuple[int, str]:
     assert argv[0] == "shadow-trace"
     tool = Path(sys.executable).parent / "shadow-trace"
     process = await asyncio.create_subprocess_exec(
-        str(tool), *argv[1:], cwd=tmp,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        str(tool),
+        *argv[1:],
+        cwd=tmp,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     output, _ = await asyncio.wait_for(process.communicate(), timeout=120)
     return process.returncode or 0, output.decode(errors="replace")
 

@@ -225,9 +225,14 @@ async def run_all(
                         )
                         continue
                     result = await replay_run(
-                        run, by_number[run.source_run], models, primary, args.tokenizer,
-                        out_dir, run_dir,
-                    )  # fmt: skip
+                        run,
+                        by_number[run.source_run],
+                        models,
+                        primary,
+                        args.tokenizer,
+                        out_dir,
+                        run_dir,
+                    )
                     text = format_replay(result)
                 else:
                     taps = nats_taps(servers, number) if servers else zmq_taps()
@@ -266,8 +271,10 @@ def run_demo(argv: Sequence[str] | None = None, out: IO[str] | None = None) -> i
     if any(isinstance(r, ReplayPlan) or r.kind == "multi-turn" for r in runs):
         missing = missing_tools()
         if missing:
-            print(f"demo: the multi-turn and replay runs {missing}; or pass --runs reference",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"demo: the multi-turn and replay runs {missing}; or pass --runs reference",
+                file=sys.stderr,
+            )
             return 2
     out_dir = args.out or Path(tempfile.mkdtemp(prefix="shadow-proxy-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)

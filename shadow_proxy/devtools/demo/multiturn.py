@@ -136,12 +136,20 @@ async def add_reuse(result: dict[str, Any], out_dir: Path, log_dir: Path) -> Non
     joined_file = Path(result["records"][JOINED_TAP])
     sessions = session_structure(_envelopes(joined_file), _envelopes(request_file))
     json_path = out_dir / "reuse.json"
-    args = ["analyze", str(request_file), "--block-size", ",".join(map(str, BLOCK_SIZES)),
-            "--json", str(json_path)]  # fmt: skip
+    args = [
+        "analyze",
+        str(request_file),
+        "--block-size",
+        ",".join(map(str, BLOCK_SIZES)),
+        "--json",
+        str(json_path),
+    ]
     tool = await run_tool(
-        "shadow-trace", [sys.executable, "-m", "shadow_proxy.trace.cli", *args], log_dir,
+        "shadow-trace",
+        [sys.executable, "-m", "shadow_proxy.trace.cli", *args],
+        log_dir,
         ANALYZE_TIMEOUT_S,
-    )  # fmt: skip
+    )
     result["exit_status"]["shadow-trace"] = tool.exit_status
     try:
         document = json.loads(json_path.read_text(encoding="utf-8"))
@@ -156,8 +164,9 @@ async def add_reuse(result: dict[str, Any], out_dir: Path, log_dir: Path) -> Non
     }
     failures = reuse_failures(result)
     if tool.exit_status != 0:
-        failures.append(f"shadow-trace exited with status {tool.exit_status}: "
-                        f"{tool.output_tail(3)}")  # fmt: skip
+        failures.append(
+            f"shadow-trace exited with status {tool.exit_status}: {tool.output_tail(3)}"
+        )
     result["failures"] += failures
     result["ok"] = not result["failures"]
 
@@ -173,11 +182,15 @@ def reuse_failures(result: dict[str, Any]) -> list[str]:
         failures.append("shadow-trace analyze wrote no reuse figures")
     for row in rows:
         if row["requests"] != records:
-            failures.append(f"reuse (block {row['block_size']}): {row['requests']} requests "
-                            f"analyzed, the tap holds {records} records")  # fmt: skip
+            failures.append(
+                f"reuse (block {row['block_size']}): {row['requests']} requests "
+                f"analyzed, the tap holds {records} records"
+            )
         if row["prompt_tokens"] != expected_tokens:
-            failures.append(f"reuse (block {row['block_size']}): {row['prompt_tokens']} prompt "
-                            f"tokens analyzed, the frontend reports {expected_tokens}")  # fmt: skip
+            failures.append(
+                f"reuse (block {row['block_size']}): {row['prompt_tokens']} prompt "
+                f"tokens analyzed, the frontend reports {expected_tokens}"
+            )
     if sessions["sessions"] != load["conversations"] or sessions["turns_per_session"] != [
         load["turns"]
     ]:

@@ -72,11 +72,15 @@ def consumer_argv(taps: RunTaps, name: str, summary: Path, record: Path) -> list
     return cli_argv(
         "consumer",
         *taps.sources[name],
-        "--summary-path", str(summary),
-        "--record", str(record),
-        "--interval", str(CONSUMER_INTERVAL_S),
-        "--grace", str(CONSUMER_GRACE_S),
-    )  # fmt: skip
+        "--summary-path",
+        str(summary),
+        "--record",
+        str(record),
+        "--interval",
+        str(CONSUMER_INTERVAL_S),
+        "--grace",
+        str(CONSUMER_GRACE_S),
+    )
 
 
 async def send_load(run: RunOptions, proxy_url: str, frontend: str) -> tuple[Report, Any]:

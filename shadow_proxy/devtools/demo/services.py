@@ -90,9 +90,11 @@ class FrontendKnobs:
         argv = ["--ttft-ms", str(self.ttft_ms), "--itl-ms", str(self.itl_ms)]
         if self.diverge_fraction:
             argv += [
-                "--diverge-fraction", str(self.diverge_fraction),
-                "--diverge-at", str(self.diverge_at),
-            ]  # fmt: skip
+                "--diverge-fraction",
+                str(self.diverge_fraction),
+                "--diverge-at",
+                str(self.diverge_at),
+            ]
         return argv
 
     def describe(self) -> str:
@@ -142,8 +144,10 @@ async def builtin_frontends(
             status = await child.stop(STOP_TIMEOUT_S)
             statuses[name] = status
             if status != 0:
-                print(f"demo: the built-in frontend {name!r} exited with status {status}",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"demo: the built-in frontend {name!r} exited with status {status}",
+                    file=sys.stderr,
+                )
 
 
 async def run_tool(name: str, argv: Sequence[str], log_dir: Path, timeout: float) -> Child:

@@ -109,9 +109,11 @@ def format_table(result: dict[str, Any], sections: Sequence[str] = ()) -> str:
             "prompt-token checks / mismatches",
             f"{number(proxy['prompt_token_checks'])} / {number(proxy['prompt_token_mismatches'])}",
         ],
-        ["hand-off drops / worker restarts",
-         f"{counts(proxy['handoff_dropped'])} / {number(proxy['worker_restarts'])}"],
-    ]  # fmt: skip
+        [
+            "hand-off drops / worker restarts",
+            f"{counts(proxy['handoff_dropped'])} / {number(proxy['worker_restarts'])}",
+        ],
+    ]
     for name, tap in proxy["taps"].items():
         rows.append(
             [
@@ -122,8 +124,16 @@ def format_table(result: dict[str, Any], sections: Sequence[str] = ()) -> str:
         )
     lines += grid([[k, v] for k, v in rows])
     lines += ["", "taps (consumer totals)"]
-    header = ["tap", "records", "prompt tok", "output tok", "tap_gaps", "transport_gaps",
-              "tail loss", "outcomes"]  # fmt: skip
+    header = [
+        "tap",
+        "records",
+        "prompt tok",
+        "output tok",
+        "tap_gaps",
+        "transport_gaps",
+        "tail loss",
+        "outcomes",
+    ]
     tap_rows = [header]
     for name, tap in result["taps"].items():
         tail = (tap.get("tail_loss") or 0) + (tap.get("transport_tail_loss") or 0)

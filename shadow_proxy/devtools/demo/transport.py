@@ -82,11 +82,15 @@ def nats_taps(servers: Sequence[str], number: int) -> RunTaps:
     for tap in taps:
         sources[tap["name"]] = [
             *(arg for url in servers for arg in ("--nats", url)),
-            "--stream", stream,
-            "--tap", tap["name"],
-            "--topic", tap["topic"],
-            "--durable", f"demo-{tap['name']}",
-        ]  # fmt: skip
+            "--stream",
+            stream,
+            "--tap",
+            tap["name"],
+            "--topic",
+            tap["topic"],
+            "--durable",
+            f"demo-{tap['name']}",
+        ]
     return RunTaps("nats", taps, config, sources, stream=stream, servers=tuple(servers))
 
 

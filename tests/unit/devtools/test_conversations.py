@@ -33,8 +33,12 @@ class Recorder:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         rid = request.headers["x-request-id"]
-        entry = {"rid": rid, "session": request.headers.get("x-dynamo-session-id"),
-                 "body": await request.json(), "ended": False}  # fmt: skip
+        entry = {
+            "rid": rid,
+            "session": request.headers.get("x-dynamo-session-id"),
+            "body": await request.json(),
+            "ended": False,
+        }
         self.seen.append(entry)
         if rid == self.fail:
             return web.json_response({"error": {"message": "boom"}}, status=500)
@@ -59,8 +63,14 @@ class Recorder:
 
 
 def spec(url: str, **kw: Any) -> ConversationSpec:
-    shape = {"conversations": 2, "turns": 3, "system_tokens": 20, "first_tokens": 20,
-             "turn_tokens": 10, "output_tokens": 2}  # fmt: skip
+    shape = {
+        "conversations": 2,
+        "turns": 3,
+        "system_tokens": 20,
+        "first_tokens": 20,
+        "turn_tokens": 10,
+        "output_tokens": 2,
+    }
     return ConversationSpec(url=url, model="deepseek", **{**shape, **kw})
 
 
@@ -94,8 +104,9 @@ class TestTurns:
                     before = by_rid[f"conv-{c:02d}-turn-{t - 1}"]["body"]["messages"]
                     assert messages[: len(before)] == before
                     assert messages[len(before)] == {
-                        "role": "assistant", "content": f"answer conv-{c:02d}-turn-{t - 1}",
-                    }  # fmt: skip
+                        "role": "assistant",
+                        "content": f"answer conv-{c:02d}-turn-{t - 1}",
+                    }
         firsts = [by_rid[f"conv-{c:02d}-turn-0"]["body"]["messages"][1] for c in range(2)]
         assert firsts[0] != firsts[1]
 
@@ -138,13 +149,20 @@ class TestAnswerText:
     """The content deltas of choice 0, whatever else the stream holds."""
 
     def test_deltas(self) -> None:
-        data = sse(
-            {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
-            {"choices": [{"index": 0, "delta": {"content": "a"}},
-                         {"index": 1, "delta": {"content": "x"}}]},
-            {"choices": [{"index": 0, "delta": {"content": "b"}}]},
-            {"choices": [], "usage": {"prompt_tokens": 3}},
-        ) + b"data: [DONE]\n\n"  # fmt: skip
+        data = (
+            sse(
+                {"choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+                {
+                    "choices": [
+                        {"index": 0, "delta": {"content": "a"}},
+                        {"index": 1, "delta": {"content": "x"}},
+                    ]
+                },
+                {"choices": [{"index": 0, "delta": {"content": "b"}}]},
+                {"choices": [], "usage": {"prompt_tokens": 3}},
+            )
+            + b"data: [DONE]\n\n"
+        )
         assert conversations.answer_text(data) == "ab"
 
 

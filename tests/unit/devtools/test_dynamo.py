@@ -33,8 +33,13 @@ def fake_python(tmp_path: Path) -> Path:
 
 
 def launcher(python: Path, scratch: Path, base_url: str = "http://127.0.0.1:9") -> dynamo.Dynamo:
-    frontend = Child("frontend", [str(python), "-m", "dynamo.frontend"], scratch,
-                     merge_output=True, signal_group=True)  # fmt: skip
+    frontend = Child(
+        "frontend",
+        [str(python), "-m", "dynamo.frontend"],
+        scratch,
+        merge_output=True,
+        signal_group=True,
+    )
     return dynamo.Dynamo(python, frontend, base_url, "m", scratch)
 
 
@@ -73,8 +78,9 @@ class TestProcesses:
 
     async def test_mocker_command_and_stop(self, tmp_path: Path, fake_python: Path) -> None:
         d = launcher(fake_python, tmp_path)
-        mocker = d.start_mocker(tmp_path / "model", "m-slow", speedup=2.0, component="mslow",
-                                extra_args=("--x", "1"))  # fmt: skip
+        mocker = d.start_mocker(
+            tmp_path / "model", "m-slow", speedup=2.0, component="mslow", extra_args=("--x", "1")
+        )
         d.frontend.start()
         try:
             await wait_until(lambda: "env" in mocker.read_output(), 30, children=[mocker])
@@ -88,8 +94,14 @@ class TestProcesses:
                 "--model-name",
                 "m-slow",
             ]
-            assert words[7:13] == ["--speedup-ratio", "2.0", "--endpoint",
-                                   "dyn://dynamo.mslow.generate", "--x", "1"]  # fmt: skip
+            assert words[7:13] == [
+                "--speedup-ratio",
+                "2.0",
+                "--endpoint",
+                "dyn://dynamo.mslow.generate",
+                "--x",
+                "1",
+            ]
             assert words[14:16] == [str(tmp_path / "discovery"), str(tmp_path / "home")]
             assert d.mocker is mocker and mocker.name == "mocker-mslow"
         finally:

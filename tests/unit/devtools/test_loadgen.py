@@ -19,12 +19,16 @@ class TestPercentile:
     def test_values(self) -> None:
         values = [float(v) for v in range(1, 101)]
         assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (
-            50.0, 99.0, 100.0,
-        )  # fmt: skip
+            50.0,
+            99.0,
+            100.0,
+        )
         odd = [float(v) for v in range(1, 201)]
         assert (percentile(odd, 50), percentile(odd, 99), percentile(odd, 99.9)) == (
-            100.0, 198.0, 200.0,
-        )  # fmt: skip
+            100.0,
+            198.0,
+            200.0,
+        )
         assert percentile([1.0, 2.0, 3.0], 0) == 1.0
         assert percentile([3.0], 99) == 3.0
         assert percentile([], 50) is None
@@ -72,9 +76,17 @@ class TestRun:
     ) -> None:
         config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, itl_ms=5)
         async with serve_mock_frontend(config) as (url, _):
-            spec = LoadSpec(url=url, model="deepseek", requests=12, concurrency=4,
-                            prompt_tokens=30, output_tokens=30, stream=stream,
-                            cancel_fraction=0.25, cancel_after_s=0.05)  # fmt: skip
+            spec = LoadSpec(
+                url=url,
+                model="deepseek",
+                requests=12,
+                concurrency=4,
+                prompt_tokens=30,
+                output_tokens=30,
+                stream=stream,
+                cancel_fraction=0.25,
+                cancel_after_s=0.05,
+            )
             report = await run_load(spec)
         assert [r.index for r in report.results] == list(range(12))
         cancelled = {r.index for r in report.results if r.cancelled}
@@ -91,8 +103,15 @@ class TestRun:
         ``response.created`` event comes before the first token and does not count."""
         config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, ttft_ms=80)
         async with serve_mock_frontend(config) as (url, _):
-            spec = LoadSpec(url=url, model="deepseek", requests=4, concurrency=4,
-                            prompt_tokens=20, output_tokens=2, api=api)  # fmt: skip
+            spec = LoadSpec(
+                url=url,
+                model="deepseek",
+                requests=4,
+                concurrency=4,
+                prompt_tokens=20,
+                output_tokens=2,
+                api=api,
+            )
             report = await run_load(spec)
         assert all(r.ok and r.ttft_s is not None and r.ttft_s >= 0.08 for r in report.results)
 
@@ -101,8 +120,14 @@ class TestRun:
         request outlasts the ramp, so that each is sent by a sender of its own)."""
         config = MockConfig(models={"deepseek": model_dirs["deepseek"]}, ttft_ms=700)
         async with serve_mock_frontend(config) as (url, _):
-            spec = LoadSpec(url=url, model="deepseek", requests=4, concurrency=4,
-                            prompt_tokens=20, output_tokens=2)  # fmt: skip
+            spec = LoadSpec(
+                url=url,
+                model="deepseek",
+                requests=4,
+                concurrency=4,
+                prompt_tokens=20,
+                output_tokens=2,
+            )
             at_once = await run_load(spec)
             ramped = await run_load(attrs.evolve(spec, ramp_s=0.6))
         assert all(r.ok for r in at_once.results + ramped.results)

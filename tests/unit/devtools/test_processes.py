@@ -141,8 +141,9 @@ class TestWaitUntil:
         assert calls == [1]
 
     async def test_an_exited_child_fails_the_wait_at_once(self, tmp_path: Path) -> None:
-        child = Child("short", python("import sys; print('bye', file=sys.stderr); sys.exit(3)"),
-                      tmp_path).start()  # fmt: skip
+        child = Child(
+            "short", python("import sys; print('bye', file=sys.stderr); sys.exit(3)"), tmp_path
+        ).start()
         with pytest.raises(ChildExited, match=r"short exited with status 3[\s\S]*bye"):
             await wait_until(lambda: False, timeout=60, children=[child])
         assert child.crashed and child.exit_status == 3
@@ -222,8 +223,9 @@ class TestChild:
             child.kill()
 
     def test_cpus_pin_through_taskset(self, tmp_path: Path) -> None:
-        child = Child("p", python("import os; print(sorted(os.sched_getaffinity(0)))"),
-                      tmp_path, cpus="0")  # fmt: skip
+        child = Child(
+            "p", python("import os; print(sorted(os.sched_getaffinity(0)))"), tmp_path, cpus="0"
+        )
         assert child.argv[:3] == ["taskset", "-c", "0"]
         assert child.start().wait(30) == 0
         assert child.read_output().strip() == "[0]"
@@ -244,6 +246,13 @@ class TestChild:
 
 def test_cli_argv() -> None:
     assert cli_argv("serve", "--config", "x") == [
-        PY, "-m", "shadow_proxy.cli", "--log-level", "warning", "serve", "--config", "x",
-    ]  # fmt: skip
+        PY,
+        "-m",
+        "shadow_proxy.cli",
+        "--log-level",
+        "warning",
+        "serve",
+        "--config",
+        "x",
+    ]
     assert cli_argv("demo", log_level=None) == [PY, "-m", "shadow_proxy.cli", "demo"]

@@ -71,12 +71,16 @@ class TestReading:
 
         path = write_records(tmp_path / "r.bin", [envelope(i, [i + 1] * 50) for i in range(3000)])
         script = "from shadow_proxy.trace.cli import main; raise SystemExit(main())"
-        head = subprocess.Popen(["head", "-n", "1"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL)  # fmt: skip
+        head = subprocess.Popen(
+            ["head", "-n", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL
+        )
         done = subprocess.run(
             [sys.executable, "-c", script, "export", str(path), "--format", "mooncake", "-o", "-"],
-            stdout=head.stdin, stderr=subprocess.PIPE, timeout=120, check=False,
-        )  # fmt: skip
+            stdout=head.stdin,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            check=False,
+        )
         head.stdin.close()
         head.wait(30)
         assert done.returncode == 0, done.stderr

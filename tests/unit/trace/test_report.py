@@ -29,8 +29,11 @@ class TestTable:
         assert set(lines[1]) == {"-"} and len(lines[1]) == len(lines[0])
         rows = [line.split() for line in lines[2:-2]]
         assert [r[:2] for r in rows] == [
-            ["(all)", "16"], ["(all)", "64"], ["a-model-with-a-very-lon…", "16"], ["zeta", "16"],
-        ]  # fmt: skip
+            ["(all)", "16"],
+            ["(all)", "64"],
+            ["a-model-with-a-very-lon…", "16"],
+            ["zeta", "16"],
+        ]
         assert rows[0][2:] == ["3", "64", "50.0%", "1", "2", "2"]
         assert rows[1][2:] == ["3", "64", "0.0%", "-", "-", "-"]
         assert lines[-2].startswith("hit inf:") and lines[-1].startswith("pN blk:")

@@ -68,9 +68,13 @@ class TestRefused:
         assert selection.take(envelope(1, [])) is None
         assert selection.take(envelope(0, [1], tap="other")) is None
         assert selection.summary() == {
-            "records": 3, "used": 0, "duplicates": 0, "without_token_ids": 2, "invalid": {},
+            "records": 3,
+            "used": 0,
+            "duplicates": 0,
+            "without_token_ids": 2,
+            "invalid": {},
             "other_tap": 1,
-        }  # fmt: skip
+        }
         assert "other_tap" not in Selection().summary()
 
 

@@ -80,11 +80,22 @@ def template_environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
 #: them through ``chat_template_kwargs`` whatever the template reads.
 _APPLY_ARGUMENTS = frozenset(
     {
-        "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-        "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-        "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
     }
-)  # fmt: skip
+)
 #: Of those, the ones the template never sees (``apply_chat_template`` keeps them).
 _CONSUMED = _APPLY_ARGUMENTS - {"conversation", "tools"}
 #: Appended to the final message for ``continue_final_message`` (transformers' tag).

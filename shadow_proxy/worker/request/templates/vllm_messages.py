@@ -69,11 +69,26 @@ MEDIA_PARTS = {
 #: Keys of content parts vLLM knows; the openai format keeps a text part's others.
 KNOWN_PART_KEYS = frozenset(
     {
-        "audio_embeds", "audio_url", "closed", "data", "file", "image_embeds", "image_pil",
-        "image_url", "input_audio", "name", "prompt_cache_breakpoint", "refusal", "text",
-        "thinking", "type", "uuid", "video_embeds", "video_url",
+        "audio_embeds",
+        "audio_url",
+        "closed",
+        "data",
+        "file",
+        "image_embeds",
+        "image_pil",
+        "image_url",
+        "input_audio",
+        "name",
+        "prompt_cache_breakpoint",
+        "refusal",
+        "text",
+        "thinking",
+        "type",
+        "uuid",
+        "video_embeds",
+        "video_url",
     }
-)  # fmt: skip
+)
 BILLING_HEADER = "x-anthropic-billing-header"
 #: Key of a chat body built from a Responses request (``vllm_responses``): its
 #: messages never went through vLLM's chat validation.

@@ -13,17 +13,30 @@ from shadow_proxy.devtools.demo.checks import evaluate
 def _good_result() -> dict[str, Any]:
     taps = {
         "kv-history-tracker": {
-            "records": 10, "prompt_tokens": 500, "output_tokens": 0, "outcomes": {},
-            "tap_gaps": 0, "transport_gaps": 0, "tail_loss": 0, "transport_tail_loss": 0,
-            "duplicates": 0, "undecodable": {},
+            "records": 10,
+            "prompt_tokens": 500,
+            "output_tokens": 0,
+            "outcomes": {},
+            "tap_gaps": 0,
+            "transport_gaps": 0,
+            "tail_loss": 0,
+            "transport_tail_loss": 0,
+            "duplicates": 0,
+            "undecodable": {},
         },
         "shadow-replay": {
-            "records": 10, "prompt_tokens": 500, "output_tokens": 80,
+            "records": 10,
+            "prompt_tokens": 500,
+            "output_tokens": 80,
             "outcomes": {"complete": 8, "cancelled": 2},
-            "tap_gaps": 0, "transport_gaps": 0, "tail_loss": 0, "transport_tail_loss": 0,
-            "duplicates": 0, "undecodable": {},
+            "tap_gaps": 0,
+            "transport_gaps": 0,
+            "tail_loss": 0,
+            "transport_tail_loss": 0,
+            "duplicates": 0,
+            "undecodable": {},
         },
-    }  # fmt: skip
+    }
     return {
         "clients": {
             "requests": 10,

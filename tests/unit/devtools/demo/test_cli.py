@@ -16,11 +16,20 @@ class TestOptions:
 
     @pytest.mark.parametrize(
         "argv",
-        [["--requests", "0"], ["--concurrency", "-1"], ["--cancel-fraction", "1.5"],
-         ["--runs", "some"], ["--transport", "kafka"], ["--api", "embeddings"],
-         ["--turns", "0"], ["--conversations", "0"], ["--candidate-diverge-fraction", "2"],
-         ["--candidate-extra-ttft-ms", "-1"], ["--candidate-diverge-at", "-1"]],
-    )  # fmt: skip
+        [
+            ["--requests", "0"],
+            ["--concurrency", "-1"],
+            ["--cancel-fraction", "1.5"],
+            ["--runs", "some"],
+            ["--transport", "kafka"],
+            ["--api", "embeddings"],
+            ["--turns", "0"],
+            ["--conversations", "0"],
+            ["--candidate-diverge-fraction", "2"],
+            ["--candidate-extra-ttft-ms", "-1"],
+            ["--candidate-diverge-at", "-1"],
+        ],
+    )
     def test_rejected(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as caught:
             build_parser().parse_args(argv)

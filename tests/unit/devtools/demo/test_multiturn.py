@@ -36,9 +36,16 @@ def records(
             session = None if name == drop_session else name
             requests.append(envelope(seq, prompts[turn], tap="kv", arrival_ms=seq, request_id=rid))
             joined.append(
-                envelope(seq, prompts[turn], tap="replay", arrival_ms=seq, request_id=rid,
-                         output_tokens=4, session_id=session)
-            )  # fmt: skip
+                envelope(
+                    seq,
+                    prompts[turn],
+                    tap="replay",
+                    arrival_ms=seq,
+                    request_id=rid,
+                    output_tokens=4,
+                    session_id=session,
+                )
+            )
     return joined, requests
 
 
@@ -152,10 +159,16 @@ class TestReuseFailures:
             "clients": {"frontend_prompt_tokens": 600},
             "taps": {"kv-history-tracker": {"records": 6}},
             "reuse": {"block_sizes": [row]},
-            "sessions": {"sessions": 2, "turns_per_session": [3], "records_without_session": 0,
-                         "turns_without_request_record": 0, "turns_not_extending": 0,
-                         "first_not_extending": [], **sessions},
-        }  # fmt: skip
+            "sessions": {
+                "sessions": 2,
+                "turns_per_session": [3],
+                "records_without_session": 0,
+                "turns_without_request_record": 0,
+                "turns_not_extending": 0,
+                "first_not_extending": [],
+                **sessions,
+            },
+        }
 
     def test_holds(self) -> None:
         assert multiturn.reuse_failures(self._result()) == []

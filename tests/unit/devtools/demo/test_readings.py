@@ -77,8 +77,9 @@ class TestFrontendPromptTokens:
     ) -> None:
         config = MockConfig(models={"deepseek": model_dirs["deepseek"]})
         async with serve_mock_frontend(config) as (url, _):
-            spec = LoadSpec(url=url, model="deepseek", requests=3, prompt_tokens=20,
-                            output_tokens=2)  # fmt: skip
+            spec = LoadSpec(
+                url=url, model="deepseek", requests=3, prompt_tokens=20, output_tokens=2
+            )
             report = await run_load(spec)
             usage = [r.usage["prompt_tokens"] for r in report.results]
             report.results[1].usage = None  # as if the client had cancelled it
@@ -91,8 +92,14 @@ class TestFrontendPromptTokens:
         """The Responses API's probe goes to /v1/responses and counts ``input_tokens``."""
         config = MockConfig(models={"deepseek": model_dirs["deepseek"]})
         async with serve_mock_frontend(config) as (url, _):
-            spec = LoadSpec(url=url, model="deepseek", requests=3, prompt_tokens=20,
-                            output_tokens=2, api="responses")  # fmt: skip
+            spec = LoadSpec(
+                url=url,
+                model="deepseek",
+                requests=3,
+                prompt_tokens=20,
+                output_tokens=2,
+                api="responses",
+            )
             report = await run_load(spec)
             usage = [r.usage["input_tokens"] for r in report.results]
             report.results[0].usage = report.results[2].usage = None

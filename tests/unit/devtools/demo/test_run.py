@@ -21,8 +21,17 @@ from tests.support.servers import serve
 
 
 def _options(tmp_path: Path) -> RunOptions:
-    return RunOptions("t", requests=1, concurrency=1, isl=8, osl=2, stream=True,
-                      cancel_fraction=0.0, model="deepseek", tokenizer=tmp_path)  # fmt: skip
+    return RunOptions(
+        "t",
+        requests=1,
+        concurrency=1,
+        isl=8,
+        osl=2,
+        stream=True,
+        cancel_fraction=0.0,
+        model="deepseek",
+        tokenizer=tmp_path,
+    )
 
 
 def test_run_config_is_the_reference_taps_on_the_run_endpoints(tmp_path: Path) -> None:
@@ -67,11 +76,23 @@ class TestTapsSettled:
             ({"taps": [{"name": "kv", "next_seq": 2, "published": 2, "queue_depth": 0}]}, False),
             ({"taps": [{"name": "kv", "next_seq": 3, "published": 2, "queue_depth": 1}]}, False),
             ({"taps": [{"name": "kv", "next_seq": 3, "published": 2, "queue_depth": 0}]}, False),
-            ({"taps": [{"name": "kv", "next_seq": 3, "published": 2, "queue_depth": 0,
-                        "dropped": {"full": 1}}]}, True),
+            (
+                {
+                    "taps": [
+                        {
+                            "name": "kv",
+                            "next_seq": 3,
+                            "published": 2,
+                            "queue_depth": 0,
+                            "dropped": {"full": 1},
+                        }
+                    ]
+                },
+                True,
+            ),
             ({"taps": [{"name": "kv", "next_seq": 3, "published": 3, "queue_depth": 0}]}, True),
         ],
-    )  # fmt: skip
+    )
     async def test_settled(self, listing: dict[str, Any], settled: bool) -> None:
         async def taps(_request: web.Request) -> web.Response:
             return web.json_response(listing)

@@ -20,27 +20,55 @@ def result(ok: bool = True) -> dict[str, Any]:
         "tail_loss": 0,
         "transport_tail_loss": 0,
     }
-    replay = {**tap, "output_tokens": 80, "outcomes": {"complete": 8, "cancelled": 2},
-              "tail_loss": 1}  # fmt: skip
+    replay = {
+        **tap,
+        "output_tokens": 80,
+        "outcomes": {"complete": 8, "cancelled": 2},
+        "tail_loss": 1,
+    }
     return {
         "title": "streaming, 25% cancelled",
-        "load": {"requests": 10, "concurrency": 4, "isl": 512, "osl": 32, "stream": True,
-                 "cancel_fraction": 0.25, "model": "deepseek", "frontend": "http://f"},
-        "clients": {"requests": 10, "ok": 8, "cancelled": 2, "errors": 0, "prompt_tokens": 4096,
-                    "frontend_prompt_tokens": 5120, "prompt_tokens_asked_again": 2,
-                    "completion_tokens": 256, "requests_per_s": 12.345, "ttft_p50_ms": 21.0,
-                    "ttft_p99_ms": None, "e2e_p50_ms": 100.0, "e2e_p99_ms": 150.5},
-        "proxy": {"requests": {"chat 2xx": 10}, "client_disconnects": 2,
-                  "upstream_errors": {"connect": 0}, "not_mirrored": {},
-                  "prompt_token_checks": 8, "prompt_token_mismatches": 0,
-                  "handoff_dropped": {"full": 0}, "worker_restarts": 0,
-                  "taps": {"kv-history-tracker": {"queued": 10, "published": 10,
-                                                  "dropped": {"full": 0}}}},
+        "load": {
+            "requests": 10,
+            "concurrency": 4,
+            "isl": 512,
+            "osl": 32,
+            "stream": True,
+            "cancel_fraction": 0.25,
+            "model": "deepseek",
+            "frontend": "http://f",
+        },
+        "clients": {
+            "requests": 10,
+            "ok": 8,
+            "cancelled": 2,
+            "errors": 0,
+            "prompt_tokens": 4096,
+            "frontend_prompt_tokens": 5120,
+            "prompt_tokens_asked_again": 2,
+            "completion_tokens": 256,
+            "requests_per_s": 12.345,
+            "ttft_p50_ms": 21.0,
+            "ttft_p99_ms": None,
+            "e2e_p50_ms": 100.0,
+            "e2e_p99_ms": 150.5,
+        },
+        "proxy": {
+            "requests": {"chat 2xx": 10},
+            "client_disconnects": 2,
+            "upstream_errors": {"connect": 0},
+            "not_mirrored": {},
+            "prompt_token_checks": 8,
+            "prompt_token_mismatches": 0,
+            "handoff_dropped": {"full": 0},
+            "worker_restarts": 0,
+            "taps": {"kv-history-tracker": {"queued": 10, "published": 10, "dropped": {"full": 0}}},
+        },
         "taps": {"kv-history-tracker": tap, "shadow-replay": replay},
         "timings_s": {"startup_s": 8.94, "load_s": 1.0},
         "ok": ok,
         "failures": [] if ok else ["shadow-replay: tail_loss = 1", "proxy exited with status 1"],
-    }  # fmt: skip
+    }
 
 
 class TestFormatting:
@@ -48,9 +76,15 @@ class TestFormatting:
 
     @pytest.mark.parametrize(
         ("value", "text"),
-        [(None, "-"), (True, "yes"), (False, "no"), (102200, "102,200"), (12.345, "12.3"),
-         ("x", "x")],
-    )  # fmt: skip
+        [
+            (None, "-"),
+            (True, "yes"),
+            (False, "no"),
+            (102200, "102,200"),
+            (12.345, "12.3"),
+            ("x", "x"),
+        ],
+    )
     def test_number(self, value: object, text: str) -> None:
         assert number(value) == text
 
@@ -89,8 +123,10 @@ class TestTable:
     def test_failures_are_listed(self) -> None:
         lines = format_table(result(ok=False)).splitlines()
         assert lines[-3:] == [
-            "FAILED:", "  - shadow-replay: tail_loss = 1", "  - proxy exited with status 1",
-        ]  # fmt: skip
+            "FAILED:",
+            "  - shadow-replay: tail_loss = 1",
+            "  - proxy exited with status 1",
+        ]
 
     def test_first_byte_when_not_streaming(self) -> None:
         unary = result()

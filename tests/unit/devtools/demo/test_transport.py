@@ -35,9 +35,12 @@ class TestJetStream:
         taps = transport.nats_taps(["nats://a:1", "nats://b:2"], 2)
         assert taps.stream == "DEMO_2" and not taps.consumers_first
         assert taps.config == {
-            "nats": {"servers": ["nats://a:1", "nats://b:2"], "stream": "DEMO_2",
-                     "max_bytes": 2**30},
-        }  # fmt: skip
+            "nats": {
+                "servers": ["nats://a:1", "nats://b:2"],
+                "stream": "DEMO_2",
+                "max_bytes": 2**30,
+            },
+        }
         assert [(t["name"], t["transport"], "endpoint" in t) for t in taps.taps] == [
             (name, "nats", False) for name in TAP_NAMES
         ]

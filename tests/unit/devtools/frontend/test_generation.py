@@ -195,8 +195,9 @@ def body(**fields: Any) -> bytes:
     return json.dumps({"model": "deepseek", "messages": HELLO, **fields}).encode()
 
 
-def read(raw: bytes, served: dict[str, ServedModel], fault_header: str | None = None,
-         chat: bool = True) -> generation.Request:  # fmt: skip
+def read(
+    raw: bytes, served: dict[str, ServedModel], fault_header: str | None = None, chat: bool = True
+) -> generation.Request:
     return generation.read_request(
         raw, fault_header, chat=chat, models=served, default_max_tokens=16
     )

@@ -76,9 +76,12 @@ class TestRefused:
 
     @pytest.mark.parametrize(
         ("extra", "status"),
-        [({"previous_response_id": "resp_1"}, 501), ({"background": True}, 501),
-         ({"model": "nope"}, 404)],
-    )  # fmt: skip
+        [
+            ({"previous_response_id": "resp_1"}, 501),
+            ({"background": True}, 501),
+            ({"model": "nope"}, 404),
+        ],
+    )
     async def test_refused(
         self, start: Callable[..., Awaitable[Server]], extra: dict, status: int
     ) -> None:

@@ -192,13 +192,22 @@ class TestDirect:
     """The option functions called directly: top-level fields win over nvext."""
 
     def test_stop_conditions(self) -> None:
-        request = {"max_tokens": 9, "max_completion_tokens": 4, "stop": "x", "ignore_eos": False,
-                   "min_tokens": 2}  # fmt: skip
+        request = {
+            "max_tokens": 9,
+            "max_completion_tokens": 4,
+            "stop": "x",
+            "ignore_eos": False,
+            "min_tokens": 2,
+        }
         nvext = {"ignore_eos": True, "max_thinking_tokens": 50}
         assert options.stop_conditions(request, nvext, chat=True) == {
-            "max_tokens": 4, "stop": ["x"], "stop_token_ids": None, "min_tokens": 2,
-            "ignore_eos": False, "max_thinking_tokens": 50,
-        }  # fmt: skip
+            "max_tokens": 4,
+            "stop": ["x"],
+            "stop_token_ids": None,
+            "min_tokens": 2,
+            "ignore_eos": False,
+            "max_thinking_tokens": 50,
+        }
         completions = options.stop_conditions(request, {}, chat=False)
         assert completions["max_tokens"] == 9  # max_completion_tokens is chat only
 

@@ -88,11 +88,28 @@ JSON_VALUES = st.recursive(
 
 FIELD_NAMES = st.sampled_from(
     [
-        "messages", "prompt", "n", "temperature", "top_k", "logprobs", "top_logprobs", "stop",
-        "max_tokens", "ignore_eos", "nvext", "tools", "chat_template_kwargs", "response_format",
-        "guided_json", "guided_choice", "best_of", "echo", "prompt_embeds", "thinking",
+        "messages",
+        "prompt",
+        "n",
+        "temperature",
+        "top_k",
+        "logprobs",
+        "top_logprobs",
+        "stop",
+        "max_tokens",
+        "ignore_eos",
+        "nvext",
+        "tools",
+        "chat_template_kwargs",
+        "response_format",
+        "guided_json",
+        "guided_choice",
+        "best_of",
+        "echo",
+        "prompt_embeds",
+        "thinking",
     ]
-)  # fmt: skip
+)
 
 
 MESSAGE = st.fixed_dictionaries(

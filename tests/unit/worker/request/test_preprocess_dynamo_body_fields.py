@@ -51,8 +51,11 @@ class TestRefused:
         assert run(preprocessor, {**BASE, **extra}) == NotMirrored("invalid_field")
 
     def test_accepted_nvext(self, preprocessor: Preprocessor) -> None:
-        nvext = {"router": {"ttft_target": 1.0}, "metadata_upload": {"url": "http://x"},
-                 "routing_constraints": {"required_taints": ["t"]}}  # fmt: skip
+        nvext = {
+            "router": {"ttft_target": 1.0},
+            "metadata_upload": {"url": "http://x"},
+            "routing_constraints": {"required_taints": ["t"]},
+        }
         assert isinstance(run(preprocessor, {**BASE, "nvext": nvext}), PreprocessedRequest)
 
 

@@ -180,8 +180,11 @@ class TestSteps:
     def test_fold_reasoning_into_content(self) -> None:
         turn = {"role": "assistant", "reasoning_content": ["r1", "", "r2"], "name": "n"}
         dm.fold_reasoning([turn], template_reads_it=False, string_only=False)
-        assert turn == {"role": "assistant", "content": "<think>r1</think><think>r2</think>",
-                        "name": "n"}  # fmt: skip
+        assert turn == {
+            "role": "assistant",
+            "content": "<think>r1</think><think>r2</think>",
+            "name": "n",
+        }
         assert list(turn) == ["role", "content", "name"]
         parts = {"role": "assistant", "content": text("a"), "reasoning_content": "r"}
         dm.fold_reasoning([parts], template_reads_it=False, string_only=False)

@@ -87,11 +87,17 @@ class TestMessages:
         }
         assert render(source, {"messages": [text]}) == "[a][r]"
 
-    @pytest.mark.parametrize(("source", "want"), [(ECHO, '""'), (
-        "{% for m in messages %}{% for p in m['content'] %}{% endfor %}"
-        "{{ m.content | tojson }}{% endfor %}",
-        "[]",
-    )])  # fmt: skip
+    @pytest.mark.parametrize(
+        ("source", "want"),
+        [
+            (ECHO, '""'),
+            (
+                "{% for m in messages %}{% for p in m['content'] %}{% endfor %}"
+                "{{ m.content | tojson }}{% endfor %}",
+                "[]",
+            ),
+        ],
+    )
     def test_null_content_by_format(self, source: str, want: str) -> None:
         turn = {"role": "assistant", "content": None}
         got = render(source, {"messages": [turn]})

@@ -104,8 +104,13 @@ class TestValues:
 
     def test_string_filter(self) -> None:
         assert [python_string(v) for v in ("s", None, True, 1.0, [1], 3)] == [
-            "s", "None", "True", "1.0", "[1]", "3",
-        ]  # fmt: skip
+            "s",
+            "None",
+            "True",
+            "1.0",
+            "[1]",
+            "3",
+        ]
 
     def test_trim_uses_python_whitespace(self) -> None:
         assert trim("\u2003a\u3000") == "a"
