@@ -217,6 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
         "request (error 'timeout'); there is no limit on a whole generation [%(default)s]",
     )
     parser.add_argument(
+        "--score",
+        action="store_true",
+        help="also score the primary's recorded outputs on the candidate and the baseline "
+        "(teacher-forced log-probabilities; needs --baseline and an engine with "
+        "prompt_logprobs: vLLM)",
+    )
+    parser.add_argument(
+        "--score-top-k",
+        type=positive(int),
+        default=10,
+        metavar="K",
+        help="--score: log-probabilities asked per position [%(default)s]",
+    )
+    parser.add_argument(
         "--max-samples",
         type=positive(int),
         default=DEFAULT_MAX_SAMPLES,
@@ -311,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(args_list)
+    if args.score and (args.baseline is None or args.no_compare):
+        parser.error("--score needs --baseline (the noise floor) and cannot go with --no-compare")
     from shadow_proxy.replay.client import TargetUnavailable
     from shadow_proxy.replay.runner import Replay, ReplayOptions
 
@@ -339,6 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_records=args.max_records,
             duration_s=args.duration,
             live=source.live,
+            score=args.score,
+            score_top_k=args.score_top_k,
         )
         command = shlex.join(["shadow-replay", *args_list])
         replay = Replay(options, command)
