@@ -70,7 +70,9 @@ def write_report(
     plots = plot(out_dir, tally, command)
     text = markdown(summary, command, plots)
     if scores is not None:
-        plots = score_report.plot(out_dir, scores, command, summary["score"]["verdict"])
+        plots = score_report.plot(
+            out_dir, scores, command, summary["score"]["verdict"], command_footer
+        )
         text += (
             "\n".join(
                 ["", *score_report.section(summary["score"]), *(f"![{p}]({p})" for p in plots)]

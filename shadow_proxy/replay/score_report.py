@@ -10,7 +10,7 @@ command that produced it in its footer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from shadow_proxy.replay.scores import ScoreTally
 
 SCORE_PNG = "score.png"
+Footer = Callable[[Any, str], None]
 MIN_AT_POSITION = 5
 _ROWS = (
     ("top-1 agreement", "top1_agreement"),
@@ -48,7 +49,9 @@ def section(score: Mapping[str, Any]) -> list[str]:
         f"The primary's recorded output of each record, scored by the candidate once and the "
         f"baseline twice (top {score['top_k']} log-probabilities per position). "
         f"{score['records']} records scored ({score['text_positions']} text positions, "
-        f"{score['tool_calls']['positions']} tool-call positions); not scored: "
+        f"{score['tool_calls']['positions']} tool-call positions; "
+        f"{score['retokenized_records']} with output ids the proxy retokenized from text, which "
+        "may not be the ids the engine generated); not scored: "
         + (", ".join(f"{k} {v}" for k, v in score["failed"].items()) or "none")
         + ".",
         "",
@@ -78,10 +81,9 @@ def section(score: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def plot(out_dir: Path, tally: ScoreTally, command: str, verdict: str) -> list[str]:
-    """score.png; returns the files written (none without a scored record)."""
-    from shadow_proxy.replay.report import command_footer
-
+def plot(out_dir: Path, tally: ScoreTally, command: str, verdict: str, footer: Footer) -> list[str]:
+    """score.png, ``footer`` naming the command (``report.command_footer``);
+    returns the files written (none without a scored record)."""
     path = out_dir / SCORE_PNG
     if tally.scored == 0:
         path.unlink(missing_ok=True)
@@ -116,7 +118,7 @@ def plot(out_dir: Path, tally: ScoreTally, command: str, verdict: str) -> list[s
     right.set_title("Per-record NLL of the recorded output")
     right.grid(alpha=0.3)
     fig.suptitle(f"Teacher-forced scores: verdict {verdict}")
-    command_footer(fig, command)
+    footer(fig, command)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     fig.savefig(path, dpi=100)
     plt.close(fig)

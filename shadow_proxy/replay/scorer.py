@@ -147,7 +147,9 @@ async def score_record(
             tally.failed(target)
         return {"error": errors}
     c, b, again = (r for r in results if isinstance(r, Scoring))
-    tally.add(c, b, again, greedy=is_greedy(request.body), exact=exact, lengths=lengths)
+    retokenized = (envelope.get("response") or {}).get("token_ids_source") == "retokenized"
+    greedy = is_greedy(request.body)
+    tally.add(c, b, again, greedy=greedy, exact=exact, lengths=lengths, retokenized=retokenized)
     return {
         "positions": len(c),
         "nll_mean": {"candidate": float(-c.logprobs.mean()), "baseline": float(-b.logprobs.mean())},

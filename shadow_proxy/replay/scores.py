@@ -84,6 +84,9 @@ class ScoreTally:
     max_samples: int = 100_000
     top_k: int = 10
     scored: int = 0
+    #: Scored records whose output ids the proxy retokenized from text (the
+    #: engine streamed none): ids that may not be the ones it generated.
+    retokenized: int = 0
     failed_by_target: dict[str, int] = attrs.field(factory=dict)
     positions: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(GROUPS, 0))
     rows: _Columns = attrs.field(init=False)
@@ -110,10 +113,12 @@ class ScoreTally:
         greedy: bool,
         exact: tuple[bool | None, bool | None] = (None, None),
         lengths: tuple[int | None, int | None] = (None, None),
+        retokenized: bool = False,
     ) -> None:
         """One record scored by all three; ``exact`` and ``lengths``: the
         candidate's and the baseline's generated answers against the primary's."""
         self.scored += 1
+        self.retokenized += retokenized
         tool = tool_call_mask(baseline.texts)
         kl_c, kl_b = kl(baseline, candidate), kl(baseline, baseline_again)
         values = {
@@ -168,6 +173,7 @@ class ScoreTally:
         lengths_p = mann_whitney(np.asarray(lengths["candidate"]), np.asarray(lengths["baseline"]))
         out: dict[str, Any] = {
             "records": self.scored,
+            "retokenized_records": self.retokenized,
             "sampled": self.rows.seen > self.rows.max_rows,
             "top_k": self.top_k,
             "failed": dict(self.failed_by_target),
