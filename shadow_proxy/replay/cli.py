@@ -219,9 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--score",
         action="store_true",
-        help="also score the primary's recorded outputs on the candidate and the baseline "
-        "(teacher-forced log-probabilities; needs --baseline and an engine with "
-        "prompt_logprobs: vLLM)",
+        help="also score the recorded outputs, teacher-forced (needs --baseline; vLLM)",
     )
     parser.add_argument(
         "--score-top-k",
@@ -384,6 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(problem[1])
         return problem[0]
     print(headline(summary), file=sys.stderr)
+    if "score" in summary:
+        print(
+            f"score: {summary['score']['verdict']}: {summary['score']['reason']}", file=sys.stderr
+        )
     print(f"report: {report}", file=sys.stderr)
     if stopped:
         return 0 if stopped[0] == signal.SIGTERM else EXIT_INTERRUPTED
