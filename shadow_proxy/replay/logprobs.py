@@ -91,11 +91,15 @@ class Scoring:
             if not isinstance(entry, Mapping) or str(token) not in entry:
                 msg = f"prompt_logprobs does not report the recorded token {token}"
                 raise ScoringError(msg)
-            own = entry[str(token)]
-            logprobs.append(float(own["logprob"]))
-            top1.append(own.get("rank") == 1)
-            tops.append({int(k): float(v["logprob"]) for k, v in entry.items()})
-            texts.append(str(own.get("decoded_token") or ""))
+            try:
+                own = entry[str(token)]
+                logprobs.append(float(own["logprob"]))
+                top1.append(own.get("rank") == 1)
+                tops.append({int(k): float(v["logprob"]) for k, v in entry.items()})
+                texts.append(str(own.get("decoded_token") or ""))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                msg = f"a malformed prompt_logprobs entry ({type(exc).__name__}: {exc})"
+                raise ScoringError(msg) from None
         return cls(
             np.asarray(logprobs, dtype=float),
             np.asarray(top1, dtype=bool),

@@ -63,6 +63,13 @@ class TestScoring:
         with pytest.raises(ScoringError, match="recorded token 5"):
             Scoring.from_response(answer([None, _entry({3: 1.0}, {3: 1})]), [5])
 
+    def test_malformed_entry(self) -> None:
+        """A malformed answer is a ``ScoringError`` (counted), never a crash of the run."""
+        with pytest.raises(ScoringError, match="malformed"):
+            Scoring.from_response(answer([None, {"5": {"rank": 1}}]), [5])
+        with pytest.raises(ScoringError, match="malformed"):
+            Scoring.from_response(answer([None, {"5": {"logprob": "x", "rank": 1}}]), [5])
+
     def test_too_short(self) -> None:
         with pytest.raises(ScoringError, match="entries"):
             Scoring.from_response(answer([None]), [5])
