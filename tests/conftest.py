@@ -17,7 +17,7 @@ import pytest
 from tests.support import MODELS_DIR
 from tests.support.nats import nats_cluster, nats_server  # noqa: F401 (fixtures)
 from tests.support.subscriber import TapSubscriber
-from tests.support.vllm import Fleet, vllm_skipped
+from tests.support.vllm import Fleet, vllm_skipped, wanted
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -25,15 +25,17 @@ _FLEET = pytest.StashKey[Fleet]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Runs once after collection: when a ``vllm`` test will run, the vLLM fleet
-    starts now, in the background (``tests/support/vllm.py``)."""
-    if vllm_skipped() or not any(item.get_closest_marker("vllm") for item in session.items):
+    """Runs once after collection: when a ``vllm`` test will run, the servers
+    the collected tests name start now, one after the other, in the background
+    (``tests/support/vllm.py``)."""
+    markers = [m for m in (item.get_closest_marker("vllm") for item in session.items) if m]
+    if vllm_skipped() or not markers:
         return
     import tempfile
 
     fleet = Fleet(Path(tempfile.mkdtemp(prefix="shadow-proxy-vllm-")))
     session.config.stash[_FLEET] = fleet
-    fleet.launch()
+    fleet.launch(wanted([tuple(m.args) for m in markers]))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -47,12 +49,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def vllm_fleet(request: pytest.FixtureRequest) -> Fleet:
     """The session's vLLM fleet (started at collection); ``await fleet.ready(name)``."""
     fleet = request.config.stash.get(_FLEET, None)
-    if fleet is None:  # collected without a vllm marker (e.g. -k): start it now
+    if fleet is None:  # collected without a vllm marker: each server starts when asked
         import tempfile
 
         fleet = Fleet(Path(tempfile.mkdtemp(prefix="shadow-proxy-vllm-")))
         request.config.stash[_FLEET] = fleet
-        fleet.launch()
     return fleet
 
 

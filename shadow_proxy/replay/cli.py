@@ -217,6 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
         "request (error 'timeout'); there is no limit on a whole generation [%(default)s]",
     )
     parser.add_argument(
+        "--score",
+        action="store_true",
+        help="also score the recorded outputs, teacher-forced (needs --baseline; vLLM)",
+    )
+    parser.add_argument(
+        "--score-top-k",
+        type=positive(int),
+        default=10,
+        metavar="K",
+        help="--score: log-probabilities asked per position [%(default)s]",
+    )
+    parser.add_argument(
         "--max-samples",
         type=positive(int),
         default=DEFAULT_MAX_SAMPLES,
@@ -311,6 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(args_list)
+    if args.score and (args.baseline is None or args.no_compare):
+        parser.error("--score needs --baseline (the noise floor) and cannot go with --no-compare")
     from shadow_proxy.replay.client import TargetUnavailable
     from shadow_proxy.replay.runner import Replay, ReplayOptions
 
@@ -339,6 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_records=args.max_records,
             duration_s=args.duration,
             live=source.live,
+            score=args.score,
+            score_top_k=args.score_top_k,
         )
         command = shlex.join(["shadow-replay", *args_list])
         replay = Replay(options, command)
@@ -366,6 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(problem[1])
         return problem[0]
     print(headline(summary), file=sys.stderr)
+    if "score" in summary:
+        print(
+            f"score: {summary['score']['verdict']}: {summary['score']['reason']}", file=sys.stderr
+        )
     print(f"report: {report}", file=sys.stderr)
     if stopped:
         return 0 if stopped[0] == signal.SIGTERM else EXIT_INTERRUPTED

@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from shadow_proxy.replay import score_report
+from shadow_proxy.replay.scores import ScoreTally
 from shadow_proxy.replay.stats import METRICS, Tally
 
 PAIRS = "pairs.jsonl"
@@ -50,16 +52,34 @@ class PairsWriter:
 
 
 def write_report(
-    out_dir: Path, tally: Tally, run: Mapping[str, Any], command: str
+    out_dir: Path,
+    tally: Tally,
+    run: Mapping[str, Any],
+    command: str,
+    scores: ScoreTally | None = None,
 ) -> dict[str, Any]:
-    """summary.json, report.md and the plots; returns the summary."""
+    """summary.json, report.md and the plots (with ``scores``: its section,
+    score.png and the summary's ``score``); returns the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {**tally.summary(), "run": dict(run)}
+    if scores is not None:
+        summary["score"] = scores.summary()
     partial = out_dir / f".{SUMMARY}.{os.getpid()}.tmp"
     partial.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, out_dir / SUMMARY)
     plots = plot(out_dir, tally, command)
-    (out_dir / REPORT).write_text(markdown(summary, command, plots), encoding="utf-8")
+    text = markdown(summary, command, plots)
+    if scores is not None:
+        plots = score_report.plot(
+            out_dir, scores, command, summary["score"]["verdict"], command_footer
+        )
+        text += (
+            "\n".join(
+                ["", *score_report.section(summary["score"]), *(f"![{p}]({p})" for p in plots)]
+            )
+            + "\n"
+        )
+    (out_dir / REPORT).write_text(text, encoding="utf-8")
     return summary
 
 

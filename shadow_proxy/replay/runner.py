@@ -50,6 +50,8 @@ from shadow_proxy.replay.request import (
     build_request,
 )
 from shadow_proxy.replay.schedule import ScheduleConfig, Scheduler
+from shadow_proxy.replay.scorer import Scorer, score_record
+from shadow_proxy.replay.scores import ScoreTally
 from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES, Samples, Tally
 from shadow_proxy.replay.verdicts import (
     DEFAULT_MAX_ERROR_RATE,
@@ -110,6 +112,9 @@ class ReplayOptions:
     #: Read at most this many records / for this long (None: to the source's end).
     max_records: int | None = None
     duration_s: float | None = None
+    #: ``--score``: teacher-forced scoring on the candidate and the baseline (K: top-K).
+    score: bool = False
+    score_top_k: int = 10
 
     @property
     def targets(self) -> dict[str, str]:
@@ -162,6 +167,15 @@ class Replay:
         self._candidate: CandidateClient | None = None
         self._baseline: CandidateClient | None = None
         self._pairs: PairsWriter | None = None
+        if options.score and "baseline" not in options.targets:
+            msg = "'--score' needs '--baseline' (the noise floor) and comparing outputs"
+            raise ValueError(msg)
+        self.scores = (
+            ScoreTally(max_samples=options.max_samples, top_k=options.score_top_k)
+            if options.score
+            else None
+        )
+        self._scorers: dict[str, Scorer] = {}
         self._sends = 0
         #: Bytes read of the source and in all, for the progress line (files).
         self.progress_of: Callable[[], tuple[int, int] | None] | None = None
@@ -183,9 +197,26 @@ class Replay:
         for target in self.options.targets:
             client = self._client(target)
             try:
-                await client.check(self.options.model)
+                names = await client.check(self.options.model)
             finally:
                 await client.close()
+            if self.scores is not None:  # the engine must return prompt log-probabilities
+                scorer = self._scorer(target)
+                try:
+                    await scorer.probe(self.options.model or (names[0] if names else "model"))
+                finally:
+                    await scorer.close()
+
+    def _scorer(self, target: str) -> Scorer:
+        o = self.options
+        return Scorer(
+            o.targets[target],
+            target=target,
+            top_k=o.score_top_k,
+            concurrency=2 * o.concurrency,
+            connect_timeout_s=o.connect_timeout_s,
+            read_timeout_s=o.read_timeout_s,
+        )
 
     def limit(self, records: AsyncIterable[T]) -> Limited[T]:
         """``records`` up to ``--max-records`` / ``--duration``. A caller that
@@ -211,6 +242,8 @@ class Replay:
         self._pairs = PairsWriter(o.out_dir)
         self._candidate = self._client("candidate")
         self._baseline = self._client("baseline") if "baseline" in o.targets else None
+        if self.scores is not None:
+            self._scorers = {t: self._scorer(t) for t in o.targets}
         if limited is None:
             records = limited = self.limit(records)
         progress = asyncio.create_task(self._progress(started)) if self.err.isatty() else None
@@ -237,6 +270,8 @@ class Replay:
             await self._candidate.close()
             if self._baseline is not None:
                 await self._baseline.close()
+            for scorer in self._scorers.values():
+                await scorer.close()
         run = {
             "candidate": o.candidate,
             "baseline": o.baseline,
@@ -260,7 +295,7 @@ class Replay:
         }
         if error is not None:
             run["error"] = error
-        summary = write_report(o.out_dir, self.tally, run, self.command)
+        summary = write_report(o.out_dir, self.tally, run, self.command, self.scores)
         if failure is not None:
             raise failure
         return summary
@@ -334,6 +369,13 @@ class Replay:
         if baseline is not None and base_diff is not None:
             line.update(baseline=baseline.to_json(), baseline_diff=base_diff.to_json())
         line["counted"] = judged
+        if self.scores is not None and baseline is not None and base_diff is not None:
+            exact = (diff.output_equal, base_diff.output_equal)
+            lengths = (candidate.exact_tokens, baseline.exact_tokens)
+            scorers = self._scorers["candidate"], self._scorers["baseline"]
+            line["score"] = await score_record(
+                *scorers, self.scores, envelope, request, exact, lengths
+            )
         self._pairs.write(line)
 
     async def _progress(self, started: float) -> None:

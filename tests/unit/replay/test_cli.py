@@ -112,6 +112,14 @@ class TestArguments:
             capsys.readouterr().err
         )
 
+    @pytest.mark.parametrize("extra", [[], ["--baseline", "http://b", "--no-compare"]])
+    def test_score_needs_a_baseline(self, extra: list[str], capsys) -> None:
+        """``--score`` without ``--baseline`` (or with ``--no-compare``): one usage line."""
+        with pytest.raises(SystemExit) as exit_info:
+            main(["r", "--candidate", "http://c", "--out", "o", "--score", *extra])
+        assert exit_info.value.code == 2
+        assert "--score needs --baseline" in capsys.readouterr().err
+
     def test_options_have_help(self) -> None:
         """Every option says what it does (--connect-timeout-s, --read-timeout-s,
         --request-id-header had nothing)."""
