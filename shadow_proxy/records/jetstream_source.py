@@ -40,6 +40,19 @@ A reader that stops in the middle of a fetched batch (``--max-records``)
 gives the rest back at once (a negative acknowledgement), so the next reader
 gets them without waiting for ``ack_wait``.
 
+Faults (issue 31). The connection is ``nats_connect.connect``'s: a server that
+refuses (credentials, TLS, permissions) is a ``NatsRefused``, none answering
+within ``connect_budget_s`` a ``NatsUnreachable``: one line each, for the tool
+to print before it exits 2. A node lost while reading (the durable's leader
+killed: fetches answer 503 or nothing until a new leader is elected) is waited
+out: the fetch is tried again after 0.1 s, doubling to 2 s, for as long as it
+takes (``retries`` counts them; ``log`` gets one line when an outage starts and
+one when reading resumes), and the client reconnects to another server. An
+acknowledgement is confirmed: it waits ``ACK_CONFIRM_S`` for the server's reply
+and is sent again, at most ``ACK_RESENDS`` times (a plain publish lost in a
+failover left the record to come again after ``ack_wait``: 77 of 120 were, on
+a leader kill); what still comes again is counted once (``dedup``).
+
 A missing stream is a ``SourceError`` unless the source was opened with
 ``wait_for_stream``: then it is looked for again every ``STREAM_POLL_S`` (a
 consumer started before any proxy has created the stream, as pods start in
@@ -60,14 +73,16 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
-import nats
+import nats.aio.client
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 
-from shadow_proxy.records import wire
-from shadow_proxy.records.sources import Delivery, RecordSource, SourceError
+from shadow_proxy.records import nats_connect, wire
+from shadow_proxy.records.delivery import Delivery, RecordSource
+from shadow_proxy.records.errors import NatsRefused, SourceError
+from shadow_proxy.records.nats_access import DEFAULT_CONNECT_BUDGET_S, NatsAccess, redact, redact_all
 
 DEFAULT_STREAM = "SHADOW"
 #: How long a delivered record may stay unacknowledged before it is delivered
@@ -85,6 +100,23 @@ HINT_AFTER_S = 5.0
 HINT_SUBJECTS = 5
 #: JetStream's acknowledgement body.
 ACK = b"+ACK"
+#: How long an acknowledgement waits for the server's confirmation, and how
+#: often it is sent again without one (a failover takes seconds).
+ACK_CONFIRM_S = 1.0
+ACK_RESENDS = 10
+#: The wait before a failed fetch is tried again: doubling from the first to the last.
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 2.0
+#: What a fetch or a JetStream request raises while a node is lost.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.TimeoutError,
+    TimeoutError,
+)
 
 
 def default_subject(tap: str, topic: str | None = None) -> str:
@@ -112,6 +144,8 @@ class JetStreamSource(RecordSource):
         stop_at_end: bool = False,
         wait_for_stream: bool = False,
         log: Callable[[str], None] | None = None,
+        access: NatsAccess | None = None,
+        connect_budget_s: float = DEFAULT_CONNECT_BUDGET_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -122,15 +156,21 @@ class JetStreamSource(RecordSource):
         self.subject = subject or default_subject(tap, topic)
         #: What the consumer's accounts and summary call the source.
         self.topic = self.subject
-        self.endpoints = self.servers
+        self.endpoints = [redact(url) for url in self.servers]
         self.ack_wait_s = ack_wait_s
         self.batch = batch
         self.stop_at_end = stop_at_end
         self.live = not stop_at_end
         self.wait_for_stream = wait_for_stream
         self.log = log
-        self._nc: Any = None
-        self._sub: Any = None
+        self.access = access or NatsAccess()
+        self.connect_budget_s = connect_budget_s
+        #: Fetches and acknowledgements tried again through an outage.
+        self.retries = 0
+        self._nc: nats.aio.client.Client | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._outages: nats_connect.Outages | None = None
+        self._failing_since: float | None = None
 
     @property
     def filter_subjects(self) -> list[str]:
@@ -139,7 +179,7 @@ class JetStreamSource(RecordSource):
     def describe(self) -> str:
         return (
             f"stream {self.stream} subject {self.subject} durable {self.durable} "
-            f"at {','.join(self.servers)}"
+            f"at {redact_all(self.servers)}"
         )
 
     async def open(self) -> None:
@@ -149,12 +189,12 @@ class JetStreamSource(RecordSource):
         subjects (another tap's readers chose the same name)."""
         if self._sub is not None:
             return
-        self._nc = await nats.connect(
-            servers=self.servers,
+        self._nc, self._outages = await nats_connect.connect(
+            self.servers,
+            self.access,
             name=f"shadow reader {self.durable}",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            connect_timeout=2,
+            budget_s=self.connect_budget_s,
+            log=self.log,
         )
         config = api.ConsumerConfig(
             durable_name=self.durable,
@@ -165,25 +205,34 @@ class JetStreamSource(RecordSource):
             max_ack_pending=MAX_ACK_PENDING,
         )
         js = self._nc.jetstream()
-        missing = f"no JetStream stream {self.stream!r} at {', '.join(self.servers)}"
+        missing = f"no JetStream stream {self.stream!r} at {redact_all(self.servers)}"
         waiting = False
         while True:
             try:
-                self._sub = await js.pull_subscribe(
-                    None, durable=self.durable, stream=self.stream, config=config
+                sub = await js.pull_subscribe(
+                    "", durable=self.durable, stream=self.stream, config=config
                 )
-                info = await self._sub.consumer_info()
+                info = await sub.consumer_info()
+                self._sub = sub
                 break
             except nats.js.errors.NotFoundError as e:
                 if not self.wait_for_stream:
                     await self.aclose()
                     raise SourceError(missing) from e
-            if not waiting and self.log is not None:
-                self.log(f"{missing} yet: waiting for a proxy to create it")
-            waiting = True
-            await asyncio.sleep(STREAM_POLL_S)
-        found = info.config.filter_subjects or [info.config.filter_subject]
-        if sorted(filter(None, found)) != sorted(self.filter_subjects):
+                if not waiting and self.log is not None:
+                    self.log(f"{missing} yet: waiting for a proxy to create it")
+                waiting = True
+                await asyncio.sleep(STREAM_POLL_S)
+            except TRANSIENT as e:
+                await self._failed(e)
+            except nats.js.errors.APIError as e:
+                await self.aclose()
+                msg = f"JetStream refused durable {self.durable!r}: {e.description}"
+                raise NatsRefused(msg) from e
+            self._refused()
+        self._recovered()
+        found = [s for s in info.config.filter_subjects or [info.config.filter_subject or ""] if s]
+        if sorted(found) != sorted(self.filter_subjects):
             await self.aclose()
             msg = (
                 f"durable {self.durable!r} of stream {self.stream!r} reads {found}, not "
@@ -192,8 +241,60 @@ class JetStreamSource(RecordSource):
             raise SourceError(msg)
 
     async def aclose(self) -> None:
+        if self._outages is not None:
+            self._outages.armed = False  # closing is no outage
         if self._nc is not None and not self._nc.is_closed:
-            await self._nc.close()
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await self._nc.close()
+
+    def _refused(self) -> None:
+        """A refusal the connection saw (a permissions violation) ends the read."""
+        if self._outages is not None and self._outages.refusal is not None:
+            msg = f"NATS refused reader {self.durable!r}: {self._outages.refusal}"
+            raise NatsRefused(msg)
+
+    async def _failed(self, error: BaseException) -> None:
+        """A fetch or request failed through an outage: wait, doubling, and count."""
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+            self._delay = RETRY_FIRST_S
+            if self.log is not None:
+                self.log(
+                    f"stream {self.stream!r} not answering ({type(error).__name__}): "
+                    "trying again (a node lost: waiting for the cluster)"
+                )
+        self.retries += 1
+        await asyncio.sleep(self._delay)
+        self._delay = min(RETRY_MAX_S, self._delay * 2)
+
+    def _recovered(self) -> None:
+        if self._failing_since is not None:
+            if self.log is not None:
+                took = time.monotonic() - self._failing_since
+                self.log(f"stream {self.stream!r} answering again after {took:.1f} s")
+            self._failing_since = None
+
+    async def _fetch(self) -> list[Msg]:
+        """One batch (empty when the pull ended with nothing), through outages."""
+        assert self._sub is not None
+        while True:
+            self._refused()
+            try:
+                messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
+            except (nats.errors.TimeoutError, TimeoutError):
+                if self._nc is not None and self._nc.is_connected:
+                    return []  # nothing came within the wait: not an outage
+                await self._failed(nats.errors.ConnectionReconnectingError())
+                continue
+            except TRANSIENT as e:
+                await self._failed(e)
+                continue
+            except nats.js.errors.APIError as e:
+                msg = f"JetStream: durable {self.durable!r} of {self.stream!r}: {e.description}"
+                raise SourceError(msg) from e
+            self._recovered()
+            return messages
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
         if self._sub is None:
@@ -201,10 +302,7 @@ class JetStreamSource(RecordSource):
         quiet_since = time.monotonic()
         hinted = False
         while True:
-            try:
-                messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
-            except (nats.errors.TimeoutError, TimeoutError):
-                messages = []
+            messages = await self._fetch()
             if not messages:  # a fetch may also end empty (the pull request expired)
                 if self.stop_at_end and await self._at_end():
                     return
@@ -219,12 +317,13 @@ class JetStreamSource(RecordSource):
                     taken += 1
                     delivery = self._delivery(message)
                     if delivery is None or delivery.heartbeat is not None:
-                        await message.ack()
+                        with contextlib.suppress(nats.errors.Error, OSError):
+                            await message.ack()
                     if delivery is not None:
                         yield delivery
             finally:  # the reader stopped mid-batch: the rest is for the next one, now
                 for message in messages[taken:]:
-                    with contextlib.suppress(nats.errors.Error):
+                    with contextlib.suppress(nats.errors.Error, OSError):
                         await message.nak()
             if self.stop_at_end and messages[-1].metadata.num_pending == 0:
                 return
@@ -233,7 +332,12 @@ class JetStreamSource(RecordSource):
         """With ``stop_at_end``, after an empty fetch: whether there is nothing
         more to read now (nothing pending), or nothing more this reader can be
         given (it holds ``max_ack_pending`` unacknowledged records)."""
-        info = await self._sub.consumer_info()
+        assert self._sub is not None
+        try:
+            info = await self._sub.consumer_info()
+        except TRANSIENT as e:
+            await self._failed(e)
+            return False
         if not info.num_pending:
             return True
         limit = info.config.max_ack_pending
@@ -248,11 +352,19 @@ class JetStreamSource(RecordSource):
         return False
 
     def _acker(self, reply: str) -> Callable[[], Awaitable[None]]:
-        """An acknowledgement that holds the reply subject only (not the data)."""
+        """An acknowledgement that holds the reply subject only (not the data),
+        confirmed by the server (sent again without a confirmation)."""
         nc = self._nc
+        assert nc is not None
 
         async def ack() -> None:
-            await nc.publish(reply, ACK)
+            for _ in range(ACK_RESENDS + 1):
+                try:
+                    await nc.request(reply, ACK, timeout=ACK_CONFIRM_S)
+                    return
+                except TRANSIENT:
+                    self.retries += 1
+            # Unconfirmed: the record may come again, and is then counted once.
 
         return ack
 
@@ -260,7 +372,7 @@ class JetStreamSource(RecordSource):
         """Nothing, not even a heartbeat, came on the subject: when the stream
         holds other subjects, say so once (a tap with its own ``topic`` read
         without ``--topic`` is the usual cause). Best effort."""
-        if self.log is None:
+        if self.log is None or self._nc is None:
             return
         try:
             info = await self._nc.jetstream().stream_info(self.stream, subjects_filter=">")
@@ -280,7 +392,7 @@ class JetStreamSource(RecordSource):
         try:
             publisher_id = int(headers["Shadow-Publisher-Id"])
             tap = headers["Shadow-Tap"]
-            sequence = int(headers.get("Shadow-Transport-Seq") or headers.get("Shadow-Seq", 0))
+            sequence = int(headers.get("Shadow-Transport-Seq") or headers.get("Shadow-Seq") or 0)
         except (KeyError, ValueError):
             self.stats.reject("headers", len(message.data))
             return None
