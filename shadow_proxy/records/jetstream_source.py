@@ -82,7 +82,12 @@ from nats.js import JetStreamContext, api
 from shadow_proxy.records import nats_connect, wire
 from shadow_proxy.records.delivery import Delivery, RecordSource
 from shadow_proxy.records.errors import NatsRefused, SourceError
-from shadow_proxy.records.nats_access import DEFAULT_CONNECT_BUDGET_S, NatsAccess, redact, redact_all
+from shadow_proxy.records.nats_access import (
+    DEFAULT_CONNECT_BUDGET_S,
+    NatsAccess,
+    redact,
+    redact_all,
+)
 
 DEFAULT_STREAM = "SHADOW"
 #: How long a delivered record may stay unacknowledged before it is delivered
