@@ -86,6 +86,7 @@ EXPORTED: dict[str, tuple[str, frozenset[str]]] = {
     "shadow_tap_awaiting_ack": ("gauge", frozenset({"tap"})),
     "shadow_nats_connected": ("gauge", frozenset()),
     "shadow_nats_reconnects": ("counter", frozenset()),
+    "shadow_nats_refusals": ("counter", frozenset()),
     "shadow_nats_stream_problems": ("counter", frozenset({"reason"})),
 }
 #: Labels Prometheus adds to every series (target labels) or to buckets.
