@@ -229,6 +229,9 @@ class JetStreamSource(RecordSource):
                 waiting = True
                 await asyncio.sleep(STREAM_POLL_S)
             except TRANSIENT as e:
+                if self._outages is not None and self._outages.refusal is not None:
+                    await self.aclose()
+                self._refused()  # no answer because refused (permissions): say so
                 await self._failed(e)
             except nats.js.errors.APIError as e:
                 await self.aclose()
@@ -293,6 +296,7 @@ class JetStreamSource(RecordSource):
                 await self._failed(nats.errors.ConnectionReconnectingError())
                 continue
             except TRANSIENT as e:
+                self._refused()
                 await self._failed(e)
                 continue
             except nats.js.errors.APIError as e:

@@ -73,7 +73,8 @@ def quiet_asyncio() -> None:
 
 
 class Outages:
-    """The client's callbacks: one line per outage on ``log``, the last refusal kept."""
+    """The client's callbacks: one line per outage on ``log``, the last refusal kept
+    (a permissions violation comes asynchronously, after the request it refused)."""
 
     def __init__(self, what: str, log: Log | None) -> None:
         self.what = what
@@ -91,11 +92,11 @@ class Outages:
             self.log(line)
 
     async def error(self, error: Exception) -> None:
+        """Kept, not said: the reader stops on a refusal with its own line."""
         self.errors += 1
         refusal = cause(error)
-        if refusal is not None and refusal != self.refusal:
+        if refusal is not None:
             self.refusal = refusal
-            self.say(f"{self.what}: NATS refused: {refusal}")
 
     async def disconnected(self) -> None:
         if self.armed and not self.down:
