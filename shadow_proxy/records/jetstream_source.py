@@ -124,6 +124,16 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 )
 
 
+def _outage_word(error: BaseException) -> str:
+    if isinstance(error, nats.js.errors.ServiceUnavailableError):
+        return "503, no leader"
+    if isinstance(error, nats.errors.NoRespondersError):
+        return "no responders"
+    if isinstance(error, nats.errors.ConnectionReconnectingError):
+        return "reconnecting"
+    return "no answer"
+
+
 def default_subject(tap: str, topic: str | None = None) -> str:
     """The subject a tap publishes to when its configuration names none."""
     return f"shadow.{topic or f'shadow-requests-{tap}'}"
@@ -269,7 +279,7 @@ class JetStreamSource(RecordSource):
             self._delay = RETRY_FIRST_S
             if self.log is not None:
                 self.log(
-                    f"stream {self.stream!r} not answering ({type(error).__name__}): "
+                    f"stream {self.stream!r} not answering ({_outage_word(error)}): "
                     "trying again (a node lost: waiting for the cluster)"
                 )
         self.retries += 1
@@ -367,12 +377,17 @@ class JetStreamSource(RecordSource):
         assert nc is not None
 
         async def ack() -> None:
+            delay = RETRY_FIRST_S
             for _ in range(ACK_RESENDS + 1):
                 try:
                     await nc.request(reply, ACK, timeout=ACK_CONFIRM_S)
                     return
-                except TRANSIENT:
+                except nats.errors.TimeoutError:
+                    self.retries += 1  # the wait was the pause
+                except TRANSIENT:  # no responders, reconnecting: at once, so pause
                     self.retries += 1
+                    await asyncio.sleep(delay)
+                    delay = min(ACK_CONFIRM_S, delay * 2)
             # Unconfirmed: the record may come again, and is then counted once.
 
         return ack
