@@ -1,6 +1,7 @@
 """``shadow-trace``: export captured records as traces, and report their KV-cache reuse.
 
     shadow-trace export SOURCE... --format mooncake|dynamo [--block-size B] -o OUT
+    shadow-trace export SOURCE... --format parquet -o OUT.parquet
     shadow-trace analyze SOURCE... [--block-size 16,64,512] [--capacity N] [--json PATH]
                                    [--plot PATH.png]
 
@@ -20,116 +21,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import shlex
-import signal
 import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 from shadow_proxy.arguments import positive
 from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
-from shadow_proxy.records.limits import Limited, reading_progress
+from shadow_proxy.trace.reading import collect
 
 if TYPE_CHECKING:
+    from shadow_proxy.trace.reading import Sink
     from shadow_proxy.trace.selection import Selection, TraceRequest
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 #: ``export -o -`` whose reader closed the pipe (``| head``): not an error.
 EXIT_CLOSED = -1
-PROGRESS_AFTER_S = 3.0
-
-
-class _Progress:
-    """``records N, used M, R/s`` (and for files, how far and an ETA) on stderr,
-    redrawn at most once a second."""
-
-    def __init__(self, stream: TextIO, source: sources.RecordSource) -> None:
-        self.stream = stream
-        self.source = source
-        self.enabled = stream.isatty()
-        self.start = time.monotonic()
-        self.shown = False
-        self.next = self.start + PROGRESS_AFTER_S
-
-    def tick(self, selection: Selection) -> None:
-        now = time.monotonic()
-        if not self.enabled or now < self.next:
-            return
-        self.next = now + 1.0
-        elapsed = now - self.start
-        rate = selection.records / elapsed
-        where = ""
-        if isinstance(self.source, sources.FileSource):
-            where = ", " + reading_progress(*self.source.progress(), elapsed)
-        self.stream.write(
-            f"\rshadow-trace: {selection.records:,} records, {selection.kept:,} used, "
-            f"{rate:,.0f} records/s{where} "
-        )
-        self.stream.flush()
-        self.shown = True
-
-    def done(self) -> None:
-        if self.shown:
-            self.stream.write("\n")
-
-
-Ack = Callable[[], Awaitable[None]]
-
-
-async def _collect(
-    source: sources.RecordSource,
-    selection: Selection,
-    *,
-    max_records: int | None,
-    duration_s: float | None,
-) -> tuple[list[TraceRequest], list[Ack]]:
-    """Every trace request the source holds, and the acknowledgements to give
-    once the output is written. Reading ends with the source, ``--max-records``,
-    ``--duration``, or SIGINT/SIGTERM (what was read is kept). Exports and the
-    reuse analysis order by arrival, so they need all of them; memory is about
-    4 bytes per prompt token (an acknowledgement holds no record)."""
-    progress = _Progress(sys.stderr, source)
-    requests: list[TraceRequest] = []
-    acks: list[Ack] = []
-
-    async def read() -> None:
-        limited = Limited(source, max_records=max_records, duration_s=duration_s)
-        async for delivery in limited:
-            publisher = delivery.message.publisher_id or None  # 0: a file without ids
-            request = selection.take(delivery.envelope, publisher)
-            if request is not None:
-                requests.append(request)
-            if delivery.acknowledgement is not None:
-                acks.append(delivery.acknowledgement)
-            if selection.records % 1024 == 0:
-                progress.tick(selection)
-
-    reading = asyncio.create_task(read())
-    loop = asyncio.get_running_loop()
-    # A live source read until Ctrl-C: stop reading, keep what was read (signal
-    # handlers are the main thread's; run elsewhere, as a library, there are none).
-    main = threading.current_thread() is threading.main_thread()
-    signals = (signal.SIGINT, signal.SIGTERM) if main else ()
-    for sig in signals:
-        loop.add_signal_handler(sig, reading.cancel)
-    try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await reading
-        if reading.cancelled():
-            _note("stopped by a signal: using what was read")
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-        progress.done()
-    return requests, acks
 
 
 def _note(line: str) -> None:
@@ -137,18 +49,26 @@ def _note(line: str) -> None:
 
 
 def _run(
-    args: argparse.Namespace, selection: Selection, produce: Callable[[list[TraceRequest]], int]
+    args: argparse.Namespace,
+    selection: Selection,
+    produce: Callable[[list[TraceRequest]], int],
+    sink: Sink | None = None,
 ) -> int:
     """Read the source, then ``produce`` the output from what was read (it returns
-    an exit status); JetStream records are acknowledged once it returned 0."""
+    an exit status); JetStream records are acknowledged once it returned 0. With
+    ``sink`` each request goes there as it is read (none are kept)."""
 
     async def main() -> int:
         # Selection deduplicates (also records of files without publisher ids).
         source = sources.open_source(args, dedup=False, log=_note)
         try:
             await source.open()
-            requests, acks = await _collect(
-                source, selection, max_records=args.max_records, duration_s=args.duration
+            requests, acks = await collect(
+                source,
+                selection,
+                max_records=args.max_records,
+                duration_s=args.duration,
+                sink=sink,
             )
             args.unreadable = sum(source.stats.unreadable.values())
             code = produce(requests)
@@ -188,10 +108,41 @@ def _summary_line(selection: Selection, unreadable: int) -> str:
     return "shadow-trace: " + ", ".join(parts)
 
 
+def export_parquet(args: argparse.Namespace) -> int:
+    """One row per record (``trace/parquet.py``), written as the records are read."""
+    from shadow_proxy.trace.parquet import ParquetExport
+    from shadow_proxy.trace.selection import Selection
+
+    if args.output == "-":
+        _note("--format parquet writes a file: give -o PATH")
+        return EXIT_USAGE
+    selection = Selection(taps={args.tap} if args.tap else None)
+    export = ParquetExport(Path(args.output))
+
+    def produce(requests: list[TraceRequest]) -> int:
+        print(_summary_line(selection, args.unreadable), file=sys.stderr)
+        nothing = _nothing_to_do(selection, args.unreadable)
+        if nothing is not None:
+            export.abort()
+            _note(f"{nothing}: nothing written")
+            return EXIT_USAGE
+        written = export.close()
+        _note(f"wrote {written:,} rows in {export.row_groups} row groups to {args.output}")
+        return 0
+
+    try:
+        return _run(args, selection, produce, sink=export.add)
+    finally:
+        if export.partial.exists():  # not moved into place: nothing to keep
+            export.abort()
+
+
 def export_command(args: argparse.Namespace) -> int:
     from shadow_proxy.trace.export import Exporter
     from shadow_proxy.trace.selection import Selection
 
+    if args.format == "parquet":
+        return export_parquet(args)
     exporter = Exporter(args.format, args.block_size, sessions=args.session_id)
     selection = Selection(taps={args.tap} if args.tap else None)
 
@@ -343,9 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shadow-trace", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    export = commands.add_parser("export", help="write the records as a trace (JSON lines)")
+    export = commands.add_parser(
+        "export", help="write the records as a trace (JSON lines) or a Parquet table"
+    )
     _source_arguments(export)
-    export.add_argument("--format", required=True, choices=FORMATS, help="trace format")
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=(*FORMATS, "parquet"),
+        help="trace format, or parquet: one row per record (typed columns, docs/trace.md)",
+    )
     export.add_argument(
         "--block-size", type=_block_size, help="tokens per block [mooncake 512, dynamo 64]"
     )
