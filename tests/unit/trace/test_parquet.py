@@ -72,16 +72,16 @@ def test_row_groups_bound_memory(tmp_path) -> None:
     """At most ``row_group_rows`` rows (or so many tokens) are held at once."""
     from shadow_proxy.trace.selection import Selection
 
-    export = parquet.ParquetExport(tmp_path / "x.parquet", row_group_rows=8, row_group_tokens=100)
+    export = parquet.ParquetExport(tmp_path / "x.parquet", row_group_rows=8, row_group_tokens=40)
     selection = Selection()
     for record in capture():
         request = selection.take(record, 7)
         assert request is not None
         export.add(request, record)
-        assert len(export._pending) < 8 and export._tokens < 100
+        assert len(export._pending) < 8 and export._tokens < 40
     assert export.close() == RECORDS
     metadata = pq.ParquetFile(tmp_path / "x.parquet").metadata
-    assert metadata.num_rows == RECORDS and metadata.num_row_groups == export.row_groups > 6
+    assert metadata.num_rows == RECORDS and metadata.num_row_groups == export.row_groups > 12
 
 
 def test_stdout_refused_and_nothing_left(tmp_path, capsys) -> None:
