@@ -69,7 +69,10 @@ def accounts(tmp_path: Path) -> Iterator[Secured]:
         {"user": "proxy", "password": PROXY_PASSWORD, "permissions": proxy_permissions()},
         {"user": "reader", "password": READER_PASSWORD, "permissions": reader_permissions("rd")},
         {"nkey": public, "permissions": reader_permissions("nk")},
-    ]
+        # A proxy's user that may publish to another tap's subject only.
+        {"user": "narrow", "password": PROXY_PASSWORD,
+         "permissions": proxy_permissions("shadow.another-tap")},
+    ]  # fmt: skip
     files = tmp_path / "files"
     files.mkdir()
     (files / "reader.nk").write_text(seed + "\n")
@@ -170,6 +173,25 @@ class TestAccountsAndTls:
                 publisher.close()
         assert "refused: authorization violation" in caplog.text, caplog.text
         assert "Traceback" not in caplog.text
+        assert_no_secret(accounts, caplog.text)
+
+    async def test_proxy_publishing_where_it_may_not(self, accounts: Secured, caplog) -> None:
+        """It logged 'JetStream: connection: Error' (the class name, no cause)."""
+        password = accounts.secret_file("narrow-password", PROXY_PASSWORD)
+        with caplog.at_level(logging.WARNING):
+            publisher = DirectPublisher(
+                [accounts.url], tap=TAP,
+                auth={"user": "narrow", "password_file": str(password)},
+                tls={"ca_file": str(accounts.pki.ca)},
+            )  # fmt: skip
+            try:
+                assert publisher.startup_problem(10) is None
+                publisher.offer(3)
+                await wait_until(lambda: publisher.link.stats.refusals > 0, timeout=20)
+            finally:
+                publisher.close()
+        assert "refused: permissions violation" in caplog.text, caplog.text
+        assert "shadow.shadow-requests-direct" in caplog.text, caplog.text
         assert_no_secret(accounts, caplog.text)
 
 
