@@ -179,3 +179,45 @@ class TestLeaderKilled:
         replayed = json.loads((tmp_path / "replay" / "summary.json").read_text())
         assert replayed["replayed"] == RECORDS and replayed["errors"] == 0, replayed
         print("consumer:", summary.get("nats_retries"), "retries;", err.strip()[-600:])
+
+
+class TestEveryServerDown:
+    """The whole cluster (here: its one server) gone, then back: the reader waits,
+    counting its retries, and goes on with the same durable; nothing lost."""
+
+    async def test_reader_waits_for_the_cluster(self, nats_server: NatsCluster, tmp_path) -> None:
+        urls = nats_server.urls
+        nc = await nats.connect(urls)
+        try:
+            await nc.jetstream().add_stream(api.StreamConfig(name="SHADOW", subjects=["shadow.>"]))
+        finally:
+            await nc.close()
+        records = [joined_record(k, "x", max_tokens=1, arrival_ms=k) for k in range(40)]
+        for record in records:
+            record["tap"] = TAP
+        publisher = Publisher(urls, records)
+        summary_path = tmp_path / "summary.json"
+        argv = tool("consumer", "--nats", urls[0], "--tap", TAP, "--durable", "wait",
+                    "--max-records", "40", "--interval", "0.2",
+                    "--summary-path", str(summary_path))  # fmt: skip
+        consumer = await start(argv)
+        await publisher.run(stop_at=20)
+        await wait_until(lambda: caught_up(urls, "wait", 20), timeout=60, what="caught up")
+        [server] = nats_server.servers
+        server.kill()
+
+        def retried() -> bool:
+            try:
+                return json.loads(summary_path.read_text()).get("nats_retries", 0) > 0
+            except (OSError, ValueError):
+                return False
+
+        await wait_until(retried, timeout=60, what="the reader retrying")
+        server.start()
+        await server.wait_ready()
+        await publisher.run(stop_at=40)
+        code, out, err = await finish(consumer)
+        assert code == 0 and "Traceback" not in err, err
+        summary = json.loads(out)
+        assert summary["records"] == 40 and summary["duplicates"] == 0, summary
+        assert summary["nats_retries"] > 0
