@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+import pyarrow.parquet as pq
 import pytest
 
 from shadow_proxy.devtools.nats_server import NatsCluster
@@ -65,10 +66,12 @@ def accounts(tmp_path: Path) -> Iterator[Secured]:
     reader's NKey, each with least privilege; TLS with a certificate of our CA."""
     pki = make_pki(tmp_path / "pki")
     seed, public = nkey_pair()
+    nkey_reader = reader_permissions("nk")  # and a second durable, for shadow-trace
+    nkey_reader["publish"]["allow"] += reader_permissions("nkt")["publish"]["allow"]
     users = [
         {"user": "proxy", "password": PROXY_PASSWORD, "permissions": proxy_permissions()},
         {"user": "reader", "password": READER_PASSWORD, "permissions": reader_permissions("rd")},
-        {"nkey": public, "permissions": reader_permissions("nk")},
+        {"nkey": public, "permissions": nkey_reader},
         # A proxy's user that may publish to another tap's subject only.
         {"user": "narrow", "password": PROXY_PASSWORD,
          "permissions": proxy_permissions("shadow.another-tap")},
@@ -92,6 +95,17 @@ def consumer(secured: Secured, durable: str, *flags: str) -> subprocess.Complete
     argv = [sys.executable, "-m", "shadow_proxy.cli", "--log-level", "warning", "consumer",
             "--nats", secured.url, "--tap", TAP, "--durable", durable, "--stop-at-end",
             "--nats-connect-budget", "8", *flags]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def trace(
+    secured: Secured, durable: str, out: Path, *flags: str
+) -> subprocess.CompletedProcess[str]:
+    """``shadow-trace export --format parquet`` of the stream (another reader)."""
+    code = "from shadow_proxy.trace.cli import main; raise SystemExit(main())"
+    argv = [sys.executable, "-c", code, "export", "--nats", secured.url, "--tap", TAP,
+            "--durable", durable, "--stop-at-end", "--format", "parquet", "-o", str(out),
+            *flags]  # fmt: skip
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -140,6 +154,12 @@ class TestAccountsAndTls:
             accounts, "nk", "--nats-nkey", str(accounts.files / "reader.nk"), "--nats-ca", ca
         )
         assert records_read(by_nkey) == RECORDS
+        parquet = accounts.files / "capture.parquet"
+        # The same user's second durable: least privilege names the durables it may read.
+        exported = trace(accounts, "nkt", parquet, "--nats-nkey",
+                         str(accounts.files / "reader.nk"), "--nats-ca", ca)  # fmt: skip
+        assert exported.returncode == 0, exported.stderr
+        assert pq.ParquetFile(parquet).metadata.num_rows == RECORDS
 
         anonymous = consumer(accounts, "rd", "--nats-ca", ca)
         assert_refused(anonymous, "authorization violation")
@@ -153,7 +173,11 @@ class TestAccountsAndTls:
         elsewhere = consumer(accounts, "not-mine", "--nats-user", "reader",
                              "--nats-password-file", reader_password, "--nats-ca", ca)  # fmt: skip
         assert_refused(elsewhere, "permissions violation")
-        runs = (by_user, by_nkey, anonymous, bad_password, wrong_ca, elsewhere)
+        trace_refused = trace(accounts, "nkt", parquet, "--nats-ca", ca)
+        assert trace_refused.returncode == 2 and "authorization violation" in trace_refused.stderr
+        assert "Traceback" not in trace_refused.stderr
+        runs = (by_user, by_nkey, anonymous, bad_password, wrong_ca, elsewhere, exported,
+                trace_refused)  # fmt: skip
         assert_no_secret(accounts, caplog.text, *(r.stdout + r.stderr for r in runs))
 
     async def test_proxy_refused_keeps_serving_and_counts(self, accounts: Secured, caplog) -> None:
