@@ -81,10 +81,23 @@ async def test_a_real_server_with_it(tmp_path: Path, monkeypatch) -> None:
         reader_password.write_text(PASSWORDS["SHADOW_READER_PASSWORD"])
 
         def consumer(durable: str) -> subprocess.CompletedProcess[str]:
-            argv = [sys.executable, "-m", "shadow_proxy.cli", "consumer",
-                    "--nats", cluster.urls[0], "--tap", tap, "--durable", durable,
-                    "--stop-at-end", "--nats-user", readers[0]["--nats-user"],
-                    "--nats-password-file", str(reader_password)]  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "shadow_proxy.cli",
+                "consumer",
+                "--nats",
+                cluster.urls[0],
+                "--tap",
+                tap,
+                "--durable",
+                durable,
+                "--stop-at-end",
+                "--nats-user",
+                readers[0]["--nats-user"],
+                "--nats-password-file",
+                str(reader_password),
+            ]
             return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
         read = consumer(readers[0]["--durable"])

@@ -73,9 +73,12 @@ def accounts(tmp_path: Path) -> Iterator[Secured]:
         {"user": "reader", "password": READER_PASSWORD, "permissions": reader_permissions("rd")},
         {"nkey": public, "permissions": nkey_reader},
         # A proxy's user that may publish to another tap's subject only.
-        {"user": "narrow", "password": PROXY_PASSWORD,
-         "permissions": proxy_permissions("shadow.another-tap")},
-    ]  # fmt: skip
+        {
+            "user": "narrow",
+            "password": PROXY_PASSWORD,
+            "permissions": proxy_permissions("shadow.another-tap"),
+        },
+    ]
     files = tmp_path / "files"
     files.mkdir()
     (files / "reader.nk").write_text(seed + "\n")
@@ -92,9 +95,24 @@ def publish(secured: Secured, count: int = RECORDS, **access) -> DirectPublisher
 
 
 def consumer(secured: Secured, durable: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "shadow_proxy.cli", "--log-level", "warning", "consumer",
-            "--nats", secured.url, "--tap", TAP, "--durable", durable, "--stop-at-end",
-            "--nats-connect-budget", "8", *flags]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "shadow_proxy.cli",
+        "--log-level",
+        "warning",
+        "consumer",
+        "--nats",
+        secured.url,
+        "--tap",
+        TAP,
+        "--durable",
+        durable,
+        "--stop-at-end",
+        "--nats-connect-budget",
+        "8",
+        *flags,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -103,9 +121,24 @@ def trace(
 ) -> subprocess.CompletedProcess[str]:
     """``shadow-trace export --format parquet`` of the stream (another reader)."""
     code = "from shadow_proxy.trace.cli import main; raise SystemExit(main())"
-    argv = [sys.executable, "-c", code, "export", "--nats", secured.url, "--tap", TAP,
-            "--durable", durable, "--stop-at-end", "--format", "parquet", "-o", str(out),
-            *flags]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        code,
+        "export",
+        "--nats",
+        secured.url,
+        "--tap",
+        TAP,
+        "--durable",
+        durable,
+        "--stop-at-end",
+        "--format",
+        "parquet",
+        "-o",
+        str(out),
+        *flags,
+    ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -147,8 +180,16 @@ class TestAccountsAndTls:
             finally:
                 publisher.close()
         reader_password = str(accounts.secret_file("reader-password", READER_PASSWORD))
-        by_user = consumer(accounts, "rd", "--nats-user", "reader",
-                           "--nats-password-file", reader_password, "--nats-ca", ca)  # fmt: skip
+        by_user = consumer(
+            accounts,
+            "rd",
+            "--nats-user",
+            "reader",
+            "--nats-password-file",
+            reader_password,
+            "--nats-ca",
+            ca,
+        )
         assert records_read(by_user) == RECORDS
         by_nkey = consumer(
             accounts, "nk", "--nats-nkey", str(accounts.files / "reader.nk"), "--nats-ca", ca
@@ -156,28 +197,67 @@ class TestAccountsAndTls:
         assert records_read(by_nkey) == RECORDS
         parquet = accounts.files / "capture.parquet"
         # The same user's second durable: least privilege names the durables it may read.
-        exported = trace(accounts, "nkt", parquet, "--nats-nkey",
-                         str(accounts.files / "reader.nk"), "--nats-ca", ca)  # fmt: skip
+        exported = trace(
+            accounts,
+            "nkt",
+            parquet,
+            "--nats-nkey",
+            str(accounts.files / "reader.nk"),
+            "--nats-ca",
+            ca,
+        )
         assert exported.returncode == 0, exported.stderr
         assert pq.ParquetFile(parquet).metadata.num_rows == RECORDS
 
         anonymous = consumer(accounts, "rd", "--nats-ca", ca)
         assert_refused(anonymous, "authorization violation")
         wrong = accounts.secret_file("wrong", "not-the-password")
-        bad_password = consumer(accounts, "rd", "--nats-user", "reader",
-                                "--nats-password-file", str(wrong), "--nats-ca", ca)  # fmt: skip
+        bad_password = consumer(
+            accounts,
+            "rd",
+            "--nats-user",
+            "reader",
+            "--nats-password-file",
+            str(wrong),
+            "--nats-ca",
+            ca,
+        )
         assert_refused(bad_password, "authorization violation")
-        wrong_ca = consumer(accounts, "rd", "--nats-user", "reader", "--nats-password-file",
-                            reader_password, "--nats-ca", str(accounts.pki.other_ca))  # fmt: skip
+        wrong_ca = consumer(
+            accounts,
+            "rd",
+            "--nats-user",
+            "reader",
+            "--nats-password-file",
+            reader_password,
+            "--nats-ca",
+            str(accounts.pki.other_ca),
+        )
         assert_refused(wrong_ca, "TLS verification failed")
-        elsewhere = consumer(accounts, "not-mine", "--nats-user", "reader",
-                             "--nats-password-file", reader_password, "--nats-ca", ca)  # fmt: skip
+        elsewhere = consumer(
+            accounts,
+            "not-mine",
+            "--nats-user",
+            "reader",
+            "--nats-password-file",
+            reader_password,
+            "--nats-ca",
+            ca,
+        )
         assert_refused(elsewhere, "permissions violation")
         trace_refused = trace(accounts, "nkt", parquet, "--nats-ca", ca)
         assert trace_refused.returncode == 2 and "authorization violation" in trace_refused.stderr
         assert "Traceback" not in trace_refused.stderr
-        runs = (by_user, by_nkey, anonymous, bad_password, wrong_ca, elsewhere, exported,
-                trace_refused)  # fmt: skip
+        runs = (
+            by_user,
+            by_nkey,
+            anonymous,
+            bad_password,
+            wrong_ca,
+            elsewhere,
+            exported,
+            trace_refused,
+        )
         assert_no_secret(accounts, caplog.text, *(r.stdout + r.stderr for r in runs))
 
     async def test_proxy_refused_keeps_serving_and_counts(self, accounts: Secured, caplog) -> None:
@@ -186,10 +266,11 @@ class TestAccountsAndTls:
         wrong = accounts.secret_file("proxy-wrong", "not-the-password")
         with caplog.at_level(logging.WARNING):
             publisher = DirectPublisher(
-                [accounts.url], tap=TAP,
+                [accounts.url],
+                tap=TAP,
                 auth={"user": "proxy", "password_file": str(wrong)},
                 tls={"ca_file": str(accounts.pki.ca)},
-            )  # fmt: skip
+            )
             try:
                 publisher.startup_problem(2)
                 await wait_until(lambda: publisher.link.stats.refusals > 0, timeout=20)
@@ -204,10 +285,11 @@ class TestAccountsAndTls:
         password = accounts.secret_file("narrow-password", PROXY_PASSWORD)
         with caplog.at_level(logging.WARNING):
             publisher = DirectPublisher(
-                [accounts.url], tap=TAP,
+                [accounts.url],
+                tap=TAP,
                 auth={"user": "narrow", "password_file": str(password)},
                 tls={"ca_file": str(accounts.pki.ca)},
-            )  # fmt: skip
+            )
             try:
                 assert publisher.startup_problem(10) is None
                 publisher.offer(3)
@@ -234,8 +316,11 @@ class TestTokenAndMutualTls:
     async def test_records_flow(self, token_mtls: Secured, caplog) -> None:
         pki = token_mtls.pki
         token = str(token_mtls.secret_file("token", TOKEN))
-        tls = {"ca_file": str(pki.ca), "cert_file": str(pki.client_cert),
-               "key_file": str(pki.client_key)}  # fmt: skip
+        tls = {
+            "ca_file": str(pki.ca),
+            "cert_file": str(pki.client_cert),
+            "key_file": str(pki.client_key),
+        }
         with caplog.at_level(logging.INFO):
             publisher = publish(token_mtls, auth={"token_file": token}, tls=tls)
             try:
@@ -260,9 +345,11 @@ def operator_mode(tmp_path: Path) -> Iterator[tuple[Secured, Path, Path]]:
     proxy = op.creds(files / "proxy.creds", "proxy", proxy_permissions())
     reader = op.creds(files / "reader.creds", "reader", reader_permissions("creds"))
     seeds = tuple(
-        line for path in (proxy, reader) for line in path.read_text().splitlines()
+        line
+        for path in (proxy, reader)
+        for line in path.read_text().splitlines()
         if line.startswith("SU")
-    )  # fmt: skip
+    )
     with started(tmp_path / "nats", 1, extra_config=op.config) as cluster:
         yield Secured(cluster, make_pki(tmp_path / "pki"), files, seeds), proxy, reader
 

@@ -54,9 +54,12 @@ class Publisher:
             js = nc.jetstream(timeout=2)
             while self.stored < stop_at:
                 record = self.records[self.stored]
-                headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "7",
-                           "Shadow-Seq": str(record["seq"]),
-                           "Nats-Msg-Id": f"7.{TAP}.{record['seq']}"}  # fmt: skip
+                headers = {
+                    "Shadow-Tap": TAP,
+                    "Shadow-Publisher-Id": "7",
+                    "Shadow-Seq": str(record["seq"]),
+                    "Nats-Msg-Id": f"7.{TAP}.{record['seq']}",
+                }
                 try:
                     await js.publish(SUBJECT, encode_envelope(record), headers=headers)
                 except (nats.errors.Error, TimeoutError):
@@ -143,11 +146,32 @@ class TestLeaderKilled:
         source = ["--nats", ",".join(urls), "--tap", TAP, "--max-records", str(RECORDS)]
         recorded = tmp_path / "records"
         async with serve_mock_frontend(config, loaded) as (url, _app):
-            consumer = await start(tool("consumer", *source, "--durable", "count",
-                                        "--record", str(recorded), "--interval", "60"))  # fmt: skip
-            replay = await start(tool("replay", *source, "--durable", "replay",
-                                      "--candidate", url, "--out", str(tmp_path / "replay"),
-                                      "--speed", "max"))  # fmt: skip
+            consumer = await start(
+                tool(
+                    "consumer",
+                    *source,
+                    "--durable",
+                    "count",
+                    "--record",
+                    str(recorded),
+                    "--interval",
+                    "60",
+                )
+            )
+            replay = await start(
+                tool(
+                    "replay",
+                    *source,
+                    "--durable",
+                    "replay",
+                    "--candidate",
+                    url,
+                    "--out",
+                    str(tmp_path / "replay"),
+                    "--speed",
+                    "max",
+                )
+            )
             await publisher.run(stop_at=BEFORE_KILL)
             await wait_until(
                 lambda: caught_up(urls, "count", BEFORE_KILL), timeout=60, what="caught up"
@@ -197,9 +221,21 @@ class TestEveryServerDown:
             record["tap"] = TAP
         publisher = Publisher(urls, records)
         summary_path = tmp_path / "summary.json"
-        argv = tool("consumer", "--nats", urls[0], "--tap", TAP, "--durable", "wait",
-                    "--max-records", "40", "--interval", "0.2",
-                    "--summary-path", str(summary_path))  # fmt: skip
+        argv = tool(
+            "consumer",
+            "--nats",
+            urls[0],
+            "--tap",
+            TAP,
+            "--durable",
+            "wait",
+            "--max-records",
+            "40",
+            "--interval",
+            "0.2",
+            "--summary-path",
+            str(summary_path),
+        )
         consumer = await start(argv)
         await publisher.run(stop_at=20)
         await wait_until(lambda: caught_up(urls, "wait", 20), timeout=60, what="caught up")

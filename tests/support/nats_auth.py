@@ -65,14 +65,20 @@ def _ca(directory: Path, common: str) -> tuple[x509.Certificate, ec.EllipticCurv
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
         .sign(key, hashes.SHA256())
-    )  # fmt: skip
+    )
     (directory / f"{common}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert, key
 
@@ -201,11 +207,22 @@ class Operator:
         pub = {"allow": permissions["publish"]["allow"]}
         sub = {"allow": permissions["subscribe"]["allow"]}
         user = _jwt(
-            {"iss": self.account_public, "sub": public, "name": name,
-             "nats": {"type": "user", "version": 2, "pub": pub, "sub": sub,
-                      "subs": -1, "data": -1, "payload": -1}},
+            {
+                "iss": self.account_public,
+                "sub": public,
+                "name": name,
+                "nats": {
+                    "type": "user",
+                    "version": 2,
+                    "pub": pub,
+                    "sub": sub,
+                    "subs": -1,
+                    "data": -1,
+                    "payload": -1,
+                },
+            },
             account,
-        )  # fmt: skip
+        )
         path.write_text(
             "-----BEGIN NATS USER JWT-----\n"
             f"{user}\n"
@@ -223,24 +240,44 @@ def operator() -> Operator:
     op = nkeys.from_seed(bytearray(op_seed.encode()))
     acct_seed, acct_public = nkey_pair(nkeys.PREFIX_BYTE_ACCOUNT)
     sys_seed, sys_public = nkey_pair(nkeys.PREFIX_BYTE_ACCOUNT)
-    unlimited = {"subs": -1, "conn": -1, "leaf": -1, "imports": -1, "exports": -1,
-                 "data": -1, "payload": -1, "wildcards": True}  # fmt: skip
+    unlimited = {
+        "subs": -1,
+        "conn": -1,
+        "leaf": -1,
+        "imports": -1,
+        "exports": -1,
+        "data": -1,
+        "payload": -1,
+        "wildcards": True,
+    }
     jetstream = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
     account = _jwt(
-        {"iss": op_public, "sub": acct_public, "name": "SHADOW",
-         "nats": {"type": "account", "version": 2, "limits": {**unlimited, **jetstream}}},
+        {
+            "iss": op_public,
+            "sub": acct_public,
+            "name": "SHADOW",
+            "nats": {"type": "account", "version": 2, "limits": {**unlimited, **jetstream}},
+        },
         op,
-    )  # fmt: skip
+    )
     system = _jwt(
-        {"iss": op_public, "sub": sys_public, "name": "SYS",
-         "nats": {"type": "account", "version": 2, "limits": unlimited}},
+        {
+            "iss": op_public,
+            "sub": sys_public,
+            "name": "SYS",
+            "nats": {"type": "account", "version": 2, "limits": unlimited},
+        },
         op,
-    )  # fmt: skip
+    )
     op_jwt = _jwt(
-        {"iss": op_public, "sub": op_public, "name": "OP",
-         "nats": {"type": "operator", "version": 2, "system_account": sys_public}},
+        {
+            "iss": op_public,
+            "sub": op_public,
+            "name": "OP",
+            "nats": {"type": "operator", "version": 2, "system_account": sys_public},
+        },
         op,
-    )  # fmt: skip
+    )
     config = (
         f"operator: {op_jwt}\n"
         f"system_account: {sys_public}\n"

@@ -158,7 +158,7 @@ class TestAuthAndTls:
               servers: [tls://127.0.0.1:4222]
               auth: {user: proxy, password_file: secrets/password}
               tls: {ca_file: secrets/ca.pem, cert_file: c.pem, key_file: c.key}
-            """)  # fmt: skip
+            """)
         config = load(tmp_path, text)
         access = config.nats.access()
         assert access.user == "proxy"

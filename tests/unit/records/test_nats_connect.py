@@ -52,7 +52,12 @@ def test_asyncio_tls_eof_line_filtered() -> None:
 
     nats_connect.quiet_asyncio()
     record = logging.LogRecord(
-        "asyncio", logging.WARNING, "", 0,
-        "returning true from eof_received() has no effect when using ssl", None, None,
-    )  # fmt: skip
+        "asyncio",
+        logging.WARNING,
+        "",
+        0,
+        "returning true from eof_received() has no effect when using ssl",
+        None,
+        None,
+    )
     assert not logging.getLogger("asyncio").filter(record)

@@ -17,9 +17,14 @@ RECORDS = 50
 def capture() -> list[dict]:
     envelopes = []
     for k in range(RECORDS):
-        record = envelope(k, list(range(k, k + 10 + k % 7)), arrival_ms=k * 10,
-                          output_tokens=5 if k % 2 else None, end_ms=40.0 + k,
-                          session_id="s1" if k % 3 == 0 else None)  # fmt: skip
+        record = envelope(
+            k,
+            list(range(k, k + 10 + k % 7)),
+            arrival_ms=k * 10,
+            output_tokens=5 if k % 2 else None,
+            end_ms=40.0 + k,
+            session_id="s1" if k % 3 == 0 else None,
+        )
         record["request"]["sampling_options"] = {"temperature": 0.5, "top_k": -1, "seed": k}
         if record.get("response") is not None:
             record["response"]["last_token_offset_ns"] = int(60e6)
@@ -57,8 +62,10 @@ def test_typed_columns(tmp_path) -> None:
     rows = {row["seq"]: row for row in table.to_pylist()}
     joined = rows[1]
     assert (joined["outcome"], joined["finish_reason"], joined["output_tokens"]) == (
-        "complete", "length", 5,
-    )  # fmt: skip
+        "complete",
+        "length",
+        5,
+    )
     assert joined["e2e_ms"] == pytest.approx(41.0) and joined["cached_tokens"] == 4
     assert joined["itl_ms"] == pytest.approx((60 - 20.5) / 4)
     assert table.column("arrival").cast("int64")[1].as_py() == T0 + 10_000_000

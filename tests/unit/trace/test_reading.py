@@ -16,7 +16,10 @@ async def test_kept_or_sunk(tmp_path) -> None:
     assert [r.request_id for r in requests] == [f"req-kv-{k}" for k in range(5)] and acks == []
     sunk: list[int] = []
     requests, _ = await collect(
-        FileSource([path]), Selection(), max_records=3, duration_s=None,
+        FileSource([path]),
+        Selection(),
+        max_records=3,
+        duration_s=None,
         sink=lambda request, record: sunk.append(record["seq"]),
-    )  # fmt: skip
+    )
     assert requests == [] and sunk == [0, 1, 2]
