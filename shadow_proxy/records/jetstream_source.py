@@ -45,13 +45,9 @@ refuses (credentials, TLS, permissions) is a ``NatsRefused``, none answering
 within ``connect_budget_s`` a ``NatsUnreachable``: one line each, for the tool
 to print before it exits 2. A node lost while reading (the durable's leader
 killed: fetches answer 503 or nothing until a new leader is elected) is waited
-out: the fetch is tried again after 0.1 s, doubling to 2 s, for as long as it
-takes (``retries`` counts them; ``log`` gets one line when an outage starts and
-one when reading resumes), and the client reconnects to another server. An
-acknowledgement is confirmed: it waits ``ACK_CONFIRM_S`` for the server's reply
-and is sent again, at most ``ACK_RESENDS`` times (a plain publish lost in a
-failover left the record to come again after ``ack_wait``: 77 of 120 were, on
-a leader kill); what still comes again is counted once (``dedup``).
+out (``jetstream_retry``): fetches tried again with backoff, one line when
+the outage starts and one when it ends, confirmed acknowledgements; the client
+reconnects to another server. What still comes again is counted once.
 
 A missing stream is a ``SourceError`` unless the source was opened with
 ``wait_for_stream``: then it is looked for again every ``STREAM_POLL_S`` (a
@@ -70,7 +66,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import nats.aio.client
@@ -82,6 +78,7 @@ from nats.js import JetStreamContext, api
 from shadow_proxy.records import nats_connect, wire
 from shadow_proxy.records.delivery import Delivery, RecordSource
 from shadow_proxy.records.errors import NatsRefused, SourceError
+from shadow_proxy.records.jetstream_retry import TRANSIENT, Retrier
 from shadow_proxy.records.nats_access import (
     DEFAULT_CONNECT_BUDGET_S,
     NatsAccess,
@@ -103,35 +100,6 @@ STREAM_POLL_S = 1.0
 #: every second), a reader with a log says which subjects the stream holds.
 HINT_AFTER_S = 5.0
 HINT_SUBJECTS = 5
-#: JetStream's acknowledgement body.
-ACK = b"+ACK"
-#: How long an acknowledgement waits for the server's confirmation, and how
-#: often it is sent again without one (a failover takes seconds).
-ACK_CONFIRM_S = 1.0
-ACK_RESENDS = 10
-#: The wait before a failed fetch is tried again: doubling from the first to the last.
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 2.0
-#: What a fetch or a JetStream request raises while a node is lost.
-TRANSIENT: tuple[type[BaseException], ...] = (
-    nats.js.errors.ServiceUnavailableError,
-    nats.errors.NoRespondersError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.TimeoutError,
-    TimeoutError,
-)
-
-
-def _outage_word(error: BaseException) -> str:
-    if isinstance(error, nats.js.errors.ServiceUnavailableError):
-        return "503, no leader"
-    if isinstance(error, nats.errors.NoRespondersError):
-        return "no responders"
-    if isinstance(error, nats.errors.ConnectionReconnectingError):
-        return "reconnecting"
-    return "no answer"
 
 
 def default_subject(tap: str, topic: str | None = None) -> str:
@@ -180,12 +148,10 @@ class JetStreamSource(RecordSource):
         self.log = log
         self.access = access or NatsAccess()
         self.connect_budget_s = connect_budget_s
-        #: Fetches and acknowledgements tried again through an outage.
-        self.retries = 0
+        self._retry = Retrier(f"stream {stream!r}", log)
         self._nc: nats.aio.client.Client | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
         self._outages: nats_connect.Outages | None = None
-        self._failing_since: float | None = None
 
     @property
     def filter_subjects(self) -> list[str]:
@@ -242,13 +208,13 @@ class JetStreamSource(RecordSource):
                 if self._outages is not None and self._outages.refusal is not None:
                     await self.aclose()
                 self._refused()  # no answer because refused (permissions): say so
-                await self._failed(e)
+                await self._retry.failed(e)
             except nats.js.errors.APIError as e:
                 await self.aclose()
                 msg = f"JetStream refused durable {self.durable!r}: {e.description}"
                 raise NatsRefused(msg) from e
             self._refused()
-        self._recovered()
+        self._retry.recovered()
         found = [s for s in info.config.filter_subjects or [info.config.filter_subject or ""] if s]
         if sorted(found) != sorted(self.filter_subjects):
             await self.aclose()
@@ -271,27 +237,10 @@ class JetStreamSource(RecordSource):
             msg = f"NATS refused reader {self.durable!r}: {self._outages.refusal}"
             raise NatsRefused(msg)
 
-    async def _failed(self, error: BaseException) -> None:
-        """A fetch or request failed through an outage: wait, doubling, and count."""
-        now = time.monotonic()
-        if self._failing_since is None:
-            self._failing_since = now
-            self._delay = RETRY_FIRST_S
-            if self.log is not None:
-                self.log(
-                    f"stream {self.stream!r} not answering ({_outage_word(error)}): "
-                    "trying again (a node lost: waiting for the cluster)"
-                )
-        self.retries += 1
-        await asyncio.sleep(self._delay)
-        self._delay = min(RETRY_MAX_S, self._delay * 2)
-
-    def _recovered(self) -> None:
-        if self._failing_since is not None:
-            if self.log is not None:
-                took = time.monotonic() - self._failing_since
-                self.log(f"stream {self.stream!r} answering again after {took:.1f} s")
-            self._failing_since = None
+    @property
+    def retries(self) -> int:
+        """Fetches and acknowledgements tried again through outages."""
+        return self._retry.retries
 
     async def _fetch(self) -> list[Msg]:
         """One batch (empty when the pull ended with nothing), through outages."""
@@ -303,16 +252,16 @@ class JetStreamSource(RecordSource):
             except (nats.errors.TimeoutError, TimeoutError):
                 if self._nc is not None and self._nc.is_connected:
                     return []  # nothing came within the wait: not an outage
-                await self._failed(nats.errors.ConnectionReconnectingError())
+                await self._retry.failed(nats.errors.ConnectionReconnectingError())
                 continue
             except TRANSIENT as e:
                 self._refused()
-                await self._failed(e)
+                await self._retry.failed(e)
                 continue
             except nats.js.errors.APIError as e:
                 msg = f"JetStream: durable {self.durable!r} of {self.stream!r}: {e.description}"
                 raise SourceError(msg) from e
-            self._recovered()
+            self._retry.recovered()
             return messages
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
@@ -355,7 +304,7 @@ class JetStreamSource(RecordSource):
         try:
             info = await self._sub.consumer_info()
         except TRANSIENT as e:
-            await self._failed(e)
+            await self._retry.failed(e)
             return False
         if not info.num_pending:
             return True
@@ -369,28 +318,6 @@ class JetStreamSource(RecordSource):
                 )
             return True
         return False
-
-    def _acker(self, reply: str) -> Callable[[], Awaitable[None]]:
-        """An acknowledgement that holds the reply subject only (not the data),
-        confirmed by the server (sent again without a confirmation)."""
-        nc = self._nc
-        assert nc is not None
-
-        async def ack() -> None:
-            delay = RETRY_FIRST_S
-            for _ in range(ACK_RESENDS + 1):
-                try:
-                    await nc.request(reply, ACK, timeout=ACK_CONFIRM_S)
-                    return
-                except nats.errors.TimeoutError:
-                    self.retries += 1  # the wait was the pause
-                except TRANSIENT:  # no responders, reconnecting: at once, so pause
-                    self.retries += 1
-                    await asyncio.sleep(delay)
-                    delay = min(ACK_CONFIRM_S, delay * 2)
-            # Unconfirmed: the record may come again, and is then counted once.
-
-        return ack
 
     async def _hint_other_subjects(self) -> None:
         """Nothing, not even a heartbeat, came on the subject: when the stream
@@ -430,5 +357,7 @@ class JetStreamSource(RecordSource):
         )
         where = f"{self.stream}#{message.metadata.sequence.stream}"
         if message.subject == self.subject:
-            return self._record(transport, where, ack=self._acker(message.reply))
+            assert self._nc is not None
+            ack = self._retry.confirmed_ack(self._nc, message.reply)
+            return self._record(transport, where, ack=ack)
         return self._heartbeat(transport, where)
