@@ -1,7 +1,7 @@
 """Optional dependencies: the offline tools' ``tools`` extra.
 
 The sidecar's image carries only what serving and the taps need; ``shadow-trace``
-and ``shadow-replay`` also need numpy, numba, xxhash and matplotlib
+and ``shadow-replay`` also need numpy, numba, xxhash, matplotlib and pyarrow
 (``pip install 'shadow-proxy[tools]'``). Their command lines call
 ``missing_tools`` first, so a missing package is one clear line, not a traceback.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-TOOLS = ("numpy", "numba", "xxhash", "matplotlib")
+TOOLS = ("numpy", "numba", "xxhash", "matplotlib", "pyarrow")
 
 
 def missing_tools(modules: tuple[str, ...] = TOOLS) -> str | None:

@@ -101,11 +101,13 @@ class _Run:
         for reason, n in self.source.stats.unreadable.items():
             undecodable[reason] = undecodable.get(reason, 0) + n
         summary["undecodable"] = dict(sorted(undecodable.items()))
+        retries = getattr(self.source, "retries", None)  # a stream's, through outages
         return {
             "source": self.source.describe(),
             "endpoints": list(getattr(self.source, "endpoints", [])),
             "elapsed_s": round(now - self.started, 3),
             **summary,
+            **({"nats_retries": retries} if retries is not None else {}),
         }
 
     def report(self, now: float) -> None:

@@ -103,6 +103,8 @@ class NatsServer:
     cluster_name: str | None = None
     #: The other servers' cluster ports (routes), for a cluster member.
     routes: tuple[int, ...] = ()
+    #: More of the server's configuration (accounts, authorization, tls blocks).
+    extra_config: str = ""
     #: The running (or last) process; a new one each ``start``.
     child: Child | None = None
 
@@ -149,7 +151,7 @@ class NatsServer:
                 f"  routes: [{routes}]",
                 "}",
             ]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + self.extra_config
 
     def start(self) -> None:
         """Start the process (same ports and store as before when restarted)."""
@@ -246,9 +248,14 @@ class NatsCluster:
     servers: list[NatsServer]
 
     @classmethod
-    def create(cls, directory: Path, size: int = 1, name: str = "shadow") -> NatsCluster:
+    def create(
+        cls, directory: Path, size: int = 1, name: str = "shadow", extra_config: str = ""
+    ) -> NatsCluster:
+        """``extra_config``: more of every server's configuration (accounts, tls)."""
         if size == 1:
-            return cls([NatsServer(f"{name}-1", directory / f"{name}-1")])
+            return cls(
+                [NatsServer(f"{name}-1", directory / f"{name}-1", extra_config=extra_config)]
+            )
         cluster_ports = [reserve_port() for _ in range(size)]
         servers = [
             NatsServer(
@@ -257,6 +264,7 @@ class NatsCluster:
                 cluster_port=port,
                 cluster_name=name,
                 routes=tuple(p for p in cluster_ports if p != port),
+                extra_config=extra_config,
             )
             for i, port in enumerate(cluster_ports)
         ]

@@ -40,6 +40,15 @@ A reader that stops in the middle of a fetched batch (``--max-records``)
 gives the rest back at once (a negative acknowledgement), so the next reader
 gets them without waiting for ``ack_wait``.
 
+Faults (issue 31). The connection is ``nats_connect.connect``'s: a server that
+refuses (credentials, TLS, permissions) is a ``NatsRefused``, none answering
+within ``connect_budget_s`` a ``NatsUnreachable``: one line each, for the tool
+to print before it exits 2. A node lost while reading (the durable's leader
+killed: fetches answer 503 or nothing until a new leader is elected) is waited
+out (``jetstream_retry``): fetches tried again with backoff, one line when
+the outage starts and one when it ends, confirmed acknowledgements; the client
+reconnects to another server. What still comes again is counted once.
+
 A missing stream is a ``SourceError`` unless the source was opened with
 ``wait_for_stream``: then it is looked for again every ``STREAM_POLL_S`` (a
 consumer started before any proxy has created the stream, as pods start in
@@ -57,17 +66,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import nats
+import nats.aio.client
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js import api
+from nats.js import JetStreamContext, api
 
-from shadow_proxy.records import wire
-from shadow_proxy.records.sources import Delivery, RecordSource, SourceError
+from shadow_proxy.records import nats_connect, wire
+from shadow_proxy.records.delivery import Delivery, RecordSource
+from shadow_proxy.records.errors import NatsRefused, SourceError
+from shadow_proxy.records.jetstream_retry import TRANSIENT, Retrier
+from shadow_proxy.records.nats_access import (
+    DEFAULT_CONNECT_BUDGET_S,
+    NatsAccess,
+    redact,
+    redact_all,
+)
 
 DEFAULT_STREAM = "SHADOW"
 #: How long a delivered record may stay unacknowledged before it is delivered
@@ -83,8 +100,6 @@ STREAM_POLL_S = 1.0
 #: every second), a reader with a log says which subjects the stream holds.
 HINT_AFTER_S = 5.0
 HINT_SUBJECTS = 5
-#: JetStream's acknowledgement body.
-ACK = b"+ACK"
 
 
 def default_subject(tap: str, topic: str | None = None) -> str:
@@ -112,6 +127,8 @@ class JetStreamSource(RecordSource):
         stop_at_end: bool = False,
         wait_for_stream: bool = False,
         log: Callable[[str], None] | None = None,
+        access: NatsAccess | None = None,
+        connect_budget_s: float = DEFAULT_CONNECT_BUDGET_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -122,15 +139,19 @@ class JetStreamSource(RecordSource):
         self.subject = subject or default_subject(tap, topic)
         #: What the consumer's accounts and summary call the source.
         self.topic = self.subject
-        self.endpoints = self.servers
+        self.endpoints = [redact(url) for url in self.servers]
         self.ack_wait_s = ack_wait_s
         self.batch = batch
         self.stop_at_end = stop_at_end
         self.live = not stop_at_end
         self.wait_for_stream = wait_for_stream
         self.log = log
-        self._nc: Any = None
-        self._sub: Any = None
+        self.access = access or NatsAccess()
+        self.connect_budget_s = connect_budget_s
+        self._retry = Retrier(f"stream {stream!r}", log)
+        self._nc: nats.aio.client.Client | None = None
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._outages: nats_connect.Outages | None = None
 
     @property
     def filter_subjects(self) -> list[str]:
@@ -139,7 +160,7 @@ class JetStreamSource(RecordSource):
     def describe(self) -> str:
         return (
             f"stream {self.stream} subject {self.subject} durable {self.durable} "
-            f"at {','.join(self.servers)}"
+            f"at {redact_all(self.servers)}"
         )
 
     async def open(self) -> None:
@@ -149,12 +170,12 @@ class JetStreamSource(RecordSource):
         subjects (another tap's readers chose the same name)."""
         if self._sub is not None:
             return
-        self._nc = await nats.connect(
-            servers=self.servers,
+        self._nc, self._outages = await nats_connect.connect(
+            self.servers,
+            self.access,
             name=f"shadow reader {self.durable}",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            connect_timeout=2,
+            budget_s=self.connect_budget_s,
+            log=self.log,
         )
         config = api.ConsumerConfig(
             durable_name=self.durable,
@@ -165,25 +186,37 @@ class JetStreamSource(RecordSource):
             max_ack_pending=MAX_ACK_PENDING,
         )
         js = self._nc.jetstream()
-        missing = f"no JetStream stream {self.stream!r} at {', '.join(self.servers)}"
+        missing = f"no JetStream stream {self.stream!r} at {redact_all(self.servers)}"
         waiting = False
         while True:
             try:
-                self._sub = await js.pull_subscribe(
-                    None, durable=self.durable, stream=self.stream, config=config
+                sub = await js.pull_subscribe(
+                    "", durable=self.durable, stream=self.stream, config=config
                 )
-                info = await self._sub.consumer_info()
+                info = await sub.consumer_info()
+                self._sub = sub
                 break
             except nats.js.errors.NotFoundError as e:
                 if not self.wait_for_stream:
                     await self.aclose()
                     raise SourceError(missing) from e
-            if not waiting and self.log is not None:
-                self.log(f"{missing} yet: waiting for a proxy to create it")
-            waiting = True
-            await asyncio.sleep(STREAM_POLL_S)
-        found = info.config.filter_subjects or [info.config.filter_subject]
-        if sorted(filter(None, found)) != sorted(self.filter_subjects):
+                if not waiting and self.log is not None:
+                    self.log(f"{missing} yet: waiting for a proxy to create it")
+                waiting = True
+                await asyncio.sleep(STREAM_POLL_S)
+            except TRANSIENT as e:
+                if self._outages is not None and self._outages.refusal is not None:
+                    await self.aclose()
+                self._refused()  # no answer because refused (permissions): say so
+                await self._retry.failed(e)
+            except nats.js.errors.APIError as e:
+                await self.aclose()
+                msg = f"JetStream refused durable {self.durable!r}: {e.description}"
+                raise NatsRefused(msg) from e
+            self._refused()
+        self._retry.recovered()
+        found = [s for s in info.config.filter_subjects or [info.config.filter_subject or ""] if s]
+        if sorted(found) != sorted(self.filter_subjects):
             await self.aclose()
             msg = (
                 f"durable {self.durable!r} of stream {self.stream!r} reads {found}, not "
@@ -192,8 +225,44 @@ class JetStreamSource(RecordSource):
             raise SourceError(msg)
 
     async def aclose(self) -> None:
+        if self._outages is not None:
+            self._outages.armed = False  # closing is no outage
         if self._nc is not None and not self._nc.is_closed:
-            await self._nc.close()
+            with contextlib.suppress(nats.errors.Error, OSError):
+                await self._nc.close()
+
+    def _refused(self) -> None:
+        """A refusal the connection saw (a permissions violation) ends the read."""
+        if self._outages is not None and self._outages.refusal is not None:
+            msg = f"NATS refused reader {self.durable!r}: {self._outages.refusal}"
+            raise NatsRefused(msg)
+
+    @property
+    def retries(self) -> int:
+        """Fetches and acknowledgements tried again through outages."""
+        return self._retry.retries
+
+    async def _fetch(self) -> list[Msg]:
+        """One batch (empty when the pull ended with nothing), through outages."""
+        assert self._sub is not None
+        while True:
+            self._refused()
+            try:
+                messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
+            except (nats.errors.TimeoutError, TimeoutError):
+                if self._nc is not None and self._nc.is_connected:
+                    return []  # nothing came within the wait: not an outage
+                await self._retry.failed(nats.errors.ConnectionReconnectingError())
+                continue
+            except TRANSIENT as e:
+                self._refused()
+                await self._retry.failed(e)
+                continue
+            except nats.js.errors.APIError as e:
+                msg = f"JetStream: durable {self.durable!r} of {self.stream!r}: {e.description}"
+                raise SourceError(msg) from e
+            self._retry.recovered()
+            return messages
 
     async def deliveries(self) -> AsyncIterator[Delivery]:
         if self._sub is None:
@@ -201,10 +270,7 @@ class JetStreamSource(RecordSource):
         quiet_since = time.monotonic()
         hinted = False
         while True:
-            try:
-                messages = await self._sub.fetch(self.batch, timeout=FETCH_WAIT_S)
-            except (nats.errors.TimeoutError, TimeoutError):
-                messages = []
+            messages = await self._fetch()
             if not messages:  # a fetch may also end empty (the pull request expired)
                 if self.stop_at_end and await self._at_end():
                     return
@@ -219,12 +285,13 @@ class JetStreamSource(RecordSource):
                     taken += 1
                     delivery = self._delivery(message)
                     if delivery is None or delivery.heartbeat is not None:
-                        await message.ack()
+                        with contextlib.suppress(nats.errors.Error, OSError):
+                            await message.ack()
                     if delivery is not None:
                         yield delivery
             finally:  # the reader stopped mid-batch: the rest is for the next one, now
                 for message in messages[taken:]:
-                    with contextlib.suppress(nats.errors.Error):
+                    with contextlib.suppress(nats.errors.Error, OSError):
                         await message.nak()
             if self.stop_at_end and messages[-1].metadata.num_pending == 0:
                 return
@@ -233,7 +300,12 @@ class JetStreamSource(RecordSource):
         """With ``stop_at_end``, after an empty fetch: whether there is nothing
         more to read now (nothing pending), or nothing more this reader can be
         given (it holds ``max_ack_pending`` unacknowledged records)."""
-        info = await self._sub.consumer_info()
+        assert self._sub is not None
+        try:
+            info = await self._sub.consumer_info()
+        except TRANSIENT as e:
+            await self._retry.failed(e)
+            return False
         if not info.num_pending:
             return True
         limit = info.config.max_ack_pending
@@ -247,20 +319,11 @@ class JetStreamSource(RecordSource):
             return True
         return False
 
-    def _acker(self, reply: str) -> Callable[[], Awaitable[None]]:
-        """An acknowledgement that holds the reply subject only (not the data)."""
-        nc = self._nc
-
-        async def ack() -> None:
-            await nc.publish(reply, ACK)
-
-        return ack
-
     async def _hint_other_subjects(self) -> None:
         """Nothing, not even a heartbeat, came on the subject: when the stream
         holds other subjects, say so once (a tap with its own ``topic`` read
         without ``--topic`` is the usual cause). Best effort."""
-        if self.log is None:
+        if self.log is None or self._nc is None:
             return
         try:
             info = await self._nc.jetstream().stream_info(self.stream, subjects_filter=">")
@@ -280,7 +343,7 @@ class JetStreamSource(RecordSource):
         try:
             publisher_id = int(headers["Shadow-Publisher-Id"])
             tap = headers["Shadow-Tap"]
-            sequence = int(headers.get("Shadow-Transport-Seq") or headers.get("Shadow-Seq", 0))
+            sequence = int(headers.get("Shadow-Transport-Seq") or headers.get("Shadow-Seq") or 0)
         except (KeyError, ValueError):
             self.stats.reject("headers", len(message.data))
             return None
@@ -294,5 +357,7 @@ class JetStreamSource(RecordSource):
         )
         where = f"{self.stream}#{message.metadata.sequence.stream}"
         if message.subject == self.subject:
-            return self._record(transport, where, ack=self._acker(message.reply))
+            assert self._nc is not None
+            ack = self._retry.confirmed_ack(self._nc, message.reply)
+            return self._record(transport, where, ack=ack)
         return self._heartbeat(transport, where)

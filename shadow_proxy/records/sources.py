@@ -34,318 +34,28 @@ tap, at most ``seqs.DEFAULT_MAX_HOLES`` holes).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import heapq
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
-import attrs
-
-from shadow_proxy.records import files, wire
+from shadow_proxy.records import files, nats_access
+from shadow_proxy.records.delivery import Delivery, RecordSource, SourceStats
 from shadow_proxy.records.discovery import discover
-from shadow_proxy.records.envelope import check_envelope
-from shadow_proxy.records.seqs import SeqTracker
+from shadow_proxy.records.errors import SourceError
+from shadow_proxy.records.file_source import DEFAULT_REORDER_WINDOW, FileSource, in_arrival_order
+from shadow_proxy.records.nats_access import DEFAULT_CONNECT_BUDGET_S
+from shadow_proxy.records.tap_source import TapSource
 
-#: File sources give the event loop a turn every this many entries.
-YIELD_EVERY = 256
-
-
-class SourceError(ValueError):
-    """The source arguments name no readable source; the message says why."""
-
-
-@attrs.frozen
-class Delivery:
-    """One record (or heartbeat) as a source delivered it."""
-
-    #: Transport fields: topic, publisher id, transport sequence, publish time, payload.
-    message: wire.Message
-    #: The decoded record; None for a heartbeat.
-    envelope: dict[str, Any] | None
-    heartbeat: wire.Heartbeat | None = None
-    #: Where it came from: a file path, an endpoint, a stream.
-    where: str = ""
-    _ack: Callable[[], Awaitable[None]] | None = None
-
-    async def ack(self) -> None:
-        """Say the record was handled (JetStream); a no-op for other sources."""
-        if self._ack is not None:
-            await self._ack()
-
-    @property
-    def acknowledgement(self) -> Callable[[], Awaitable[None]] | None:
-        """The acknowledgement alone (it holds no record: JetStream's holds the
-        reply subject), for a caller that acknowledges once its result is
-        written; None where there is nothing to acknowledge."""
-        return self._ack
-
-
-@attrs.define
-class SourceStats:
-    """What a source read, skipped and could not read."""
-
-    records: int = 0
-    heartbeats: int = 0
-    duplicates: int = 0
-    #: Unreadable or malformed input by reason (fixed words, never client text).
-    unreadable: dict[str, int] = attrs.field(factory=dict)
-    unreadable_bytes: int = 0
-    files: int = 0
-
-    def reject(self, reason: str, size: int = 0) -> None:
-        self.unreadable[reason] = self.unreadable.get(reason, 0) + 1
-        self.unreadable_bytes += size
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "records": self.records,
-            "heartbeats": self.heartbeats,
-            "duplicates": self.duplicates,
-            "unreadable": dict(sorted(self.unreadable.items())),
-            "unreadable_bytes": self.unreadable_bytes,
-            "files": self.files,
-        }
-
-
-@attrs.define
-class Deduplicator:
-    """Counts each ``(publisher_id, tap, seq)`` once (publisher id 0: never a repeat)."""
-
-    seen: dict[tuple[int, str], SeqTracker] = attrs.field(factory=dict)
-
-    def first_time(self, publisher_id: int, tap: str, seq: int) -> bool:
-        if publisher_id == 0:
-            return True
-        tracker = self.seen.get((publisher_id, tap))
-        if tracker is None:
-            tracker = self.seen[publisher_id, tap] = SeqTracker()
-        return tracker.observe(seq)
-
-
-class RecordSource:
-    """The common part of every source: decoding, checking, deduplication."""
-
-    #: Whether records arrive as they happen (live) or are read from storage.
-    live = False
-    #: Whether a delivery not acknowledged is delivered again (JetStream): a
-    #: caller that keeps records must have them written before it acknowledges.
-    redelivers = False
-
-    def __init__(self, *, dedup: bool = True, heartbeats: bool = False) -> None:
-        self.stats = SourceStats()
-        self.heartbeats = heartbeats
-        self._dedup = Deduplicator() if dedup else None
-
-    def __aiter__(self) -> AsyncIterator[Delivery]:
-        return self.deliveries()
-
-    def deliveries(self) -> AsyncIterator[Delivery]:
-        raise NotImplementedError
-
-    async def open(self) -> None:
-        """Connect now, so that a missing source is found before any work
-        (``SourceError``); iterating opens it too."""
-
-    async def aclose(self) -> None:
-        """Release sockets and connections (idempotent)."""
-
-    def describe(self) -> str:
-        raise NotImplementedError
-
-    def _record(self, message: wire.Message, where: str, ack=None) -> Delivery | None:
-        """A delivery for a record message, or None (counted) when it is not one."""
-        try:
-            envelope = wire.decode_envelope(message.payload)
-        except wire.WireError as e:
-            self.stats.reject(e.reason, len(message.payload))
-            return None
-        reason = check_envelope(envelope)
-        if reason is not None:
-            self.stats.reject(reason, len(message.payload))
-            return None
-        dedup = self._dedup
-        if dedup is not None and not dedup.first_time(
-            message.publisher_id, envelope["tap"], envelope["seq"]
-        ):
-            self.stats.duplicates += 1
-            return None
-        self.stats.records += 1
-        return Delivery(message, envelope, where=where, ack=ack)
-
-    def _heartbeat(self, message: wire.Message, where: str) -> Delivery | None:
-        try:
-            heartbeat = wire.Heartbeat.decode(message.payload)
-        except wire.WireError as e:
-            self.stats.reject(e.reason, len(message.payload))
-            return None
-        if heartbeat.publisher_id != message.publisher_id:
-            self.stats.reject("heartbeat", len(message.payload))
-            return None
-        self.stats.heartbeats += 1
-        return Delivery(message, None, heartbeat, where=where) if self.heartbeats else None
-
-
-class FileSource(RecordSource):
-    """Record files, in the order ``files.expand`` gives."""
-
-    def __init__(self, paths: Sequence[Path], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.paths = list(paths)
-        #: The files' sizes when opened, and about how much of them was read
-        #: (``progress``: a progress line's total and ETA).
-        self.total_bytes = sum(p.stat().st_size for p in self.paths if p.is_file())
-        self.read_bytes = 0
-
-    def describe(self) -> str:
-        return f"{len(self.paths)} record file(s)"
-
-    def progress(self) -> tuple[int, int]:
-        """(bytes read, bytes in all), the first counted by payload within a file."""
-        return self.read_bytes, self.total_bytes
-
-    async def deliveries(self) -> AsyncIterator[Delivery]:
-        count = 0
-        done = 0
-        for path in self.paths:
-            self.stats.files += 1
-            for entry in files.read_entries(path):
-                count += 1
-                if count % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-                self.read_bytes += (
-                    entry.skipped_bytes
-                    if isinstance(entry, files.Unreadable)
-                    else len(entry.payload) + files.LENGTH.size
-                )
-                if isinstance(entry, files.Unreadable):
-                    self.stats.reject(entry.reason, entry.skipped_bytes)
-                    continue
-                if entry.topic.endswith(wire.HEARTBEAT_SUFFIX):
-                    delivery = self._heartbeat(entry, str(path))
-                else:
-                    delivery = self._record(entry, str(path))
-                if delivery is not None:
-                    yield delivery
-            with contextlib.suppress(OSError):
-                done += path.stat().st_size
-            self.read_bytes = done
-
-
-class TapSource(RecordSource):
-    """A live tap: a ZeroMQ SUB socket on one topic (and its heartbeats)."""
-
-    live = True
-
-    def __init__(
-        self,
-        endpoints: Sequence[str],
-        topic: str,
-        *,
-        rcvhwm: int = 100_000,
-        max_message_bytes: int = 256 * 2**20,
-        curve: tuple[str, str] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """``curve``: (the tap's public key file, this consumer's key pair file)
-        for a tap with CURVE (``zmq.auth.create_certificates`` files)."""
-        super().__init__(**kwargs)
-        import zmq
-        import zmq.asyncio
-
-        self.endpoints = list(endpoints)
-        self.topic = topic
-        self._topic = topic.encode("utf-8")
-        self._heartbeat_topic = wire.heartbeat_topic(topic).encode("utf-8")
-        self._context = zmq.asyncio.Context()
-        socket = self._context.socket(zmq.SUB)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.RCVHWM, rcvhwm)
-        socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-        socket.setsockopt(zmq.SUBSCRIBE, self._topic)
-        socket.setsockopt(zmq.SUBSCRIBE, self._heartbeat_topic)
-        if curve is not None:
-            _curve_client(socket, *curve)
-        for endpoint in self.endpoints:
-            socket.connect(endpoint)
-        self._socket = socket
-
-    def describe(self) -> str:
-        return f"topic {self.topic} at {','.join(self.endpoints)}"
-
-    async def deliveries(self) -> AsyncIterator[Delivery]:
-        where = ",".join(self.endpoints)
-        while True:
-            frames = await self._socket.recv_multipart()
-            # Subscriptions match by prefix: compare the topic frame exactly.
-            topic = bytes(frames[0]) if frames else b""
-            if topic not in (self._topic, self._heartbeat_topic):
-                self.stats.reject("topic")
-                continue
-            try:
-                message = wire.decode_frames(frames)
-            except wire.WireError as e:
-                self.stats.reject(e.reason, sum(map(len, frames)))
-                continue
-            if topic == self._topic:
-                delivery = self._record(message, where)
-            else:
-                delivery = self._heartbeat(message, where)
-            if delivery is not None:
-                yield delivery
-
-    async def aclose(self) -> None:
-        if not self._socket.closed:
-            self._socket.close(linger=0)
-            self._context.term()
-
-
-def _curve_client(socket: Any, server_key: str, client_key: str) -> None:
-    """Make ``socket`` a CURVE client of the tap whose public key is in
-    ``server_key``, with the key pair in ``client_key``; ``SourceError`` when a
-    file cannot be used."""
-    import zmq
-    import zmq.auth
-
-    try:
-        server_public, _ = zmq.auth.load_certificate(server_key)
-        public, secret = zmq.auth.load_certificate(client_key)
-    except (OSError, ValueError) as e:
-        msg = f"CURVE key file: {e}"
-        raise SourceError(msg) from e
-    if not secret:
-        msg = f"--curve-client-key {client_key} holds no secret-key (use the .key_secret file)"
-        raise SourceError(msg)
-    socket.setsockopt(zmq.CURVE_SERVERKEY, server_public)
-    socket.setsockopt(zmq.CURVE_PUBLICKEY, public)
-    socket.setsockopt(zmq.CURVE_SECRETKEY, secret)
-
-
-#: Records a reorder window holds by default (about 1 KiB of state each, plus
-#: the records themselves).
-DEFAULT_REORDER_WINDOW = 4096
-
-
-async def in_arrival_order(
-    deliveries: AsyncIterator[Delivery], window: int = DEFAULT_REORDER_WINDOW
-) -> AsyncIterator[Delivery]:
-    """Deliveries re-sorted by ``arrival_unix_ns`` within a bounded window.
-
-    Joined records are published when their response ends, so a record file
-    is in end order, not arrival order. Holding up to ``window`` deliveries in
-    a heap restores arrival order wherever a record is overtaken by fewer than
-    ``window`` later-arriving ones (at most ``window`` are held at any time).
-    """
-    heap: list[tuple[int, int, Delivery]] = []
-    count = 0
-    async for delivery in deliveries:
-        count += 1
-        heapq.heappush(heap, (delivery.envelope["arrival_unix_ns"], count, delivery))
-        if len(heap) > window:
-            yield heapq.heappop(heap)[2]
-    while heap:
-        yield heapq.heappop(heap)[2]
+__all__ = [
+    "DEFAULT_REORDER_WINDOW",
+    "Delivery",
+    "FileSource",
+    "RecordSource",
+    "SourceError",
+    "SourceStats",
+    "TapSource",
+    "add_arguments",
+    "in_arrival_order",
+    "open_source",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True) -> None:
@@ -386,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, files_allowed: bool = True
         help="JetStream: stop once the durable has delivered everything the stream holds "
         "(its pending count reaches 0): a batch read of what is there",
     )
+    nats_access.add_arguments(group)
     group.add_argument(
         "--curve-server-key",
         metavar="FILE",
@@ -437,6 +148,7 @@ def open_source(
             raise SourceError(msg)
         from shadow_proxy.records.jetstream_source import JetStreamSource
 
+        access = nats_access.from_arguments(args)
         servers = [url.strip() for given in args.nats for url in given.split(",") if url.strip()]
         return JetStreamSource(
             servers,
@@ -449,6 +161,8 @@ def open_source(
             stop_at_end=bool(getattr(args, "stop_at_end", False)),
             wait_for_stream=wait_for_stream,
             log=log,
+            access=access,
+            connect_budget_s=getattr(args, "nats_connect_budget", DEFAULT_CONNECT_BUDGET_S),
             dedup=dedup,
             heartbeats=heartbeats,
         )
@@ -471,5 +185,5 @@ def open_source(
     if bool(server_key) != bool(client_key):
         msg = "CURVE needs both --curve-server-key and --curve-client-key"
         raise SourceError(msg)
-    curve = (server_key, client_key) if server_key else None
+    curve = (server_key, client_key) if server_key and client_key else None
     return TapSource(endpoints, topic, dedup=dedup, heartbeats=heartbeats, curve=curve)

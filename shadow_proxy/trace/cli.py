@@ -1,6 +1,7 @@
 """``shadow-trace``: export captured records as traces, and report their KV-cache reuse.
 
     shadow-trace export SOURCE... --format mooncake|dynamo [--block-size B] -o OUT
+    shadow-trace export SOURCE... --format parquet -o OUT.parquet
     shadow-trace analyze SOURCE... [--block-size 16,64,512] [--capacity N] [--json PATH]
                                    [--plot PATH.png]
 
@@ -19,21 +20,23 @@ of the record files read and an ETA).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shlex
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shadow_proxy.arguments import positive
 from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
-from shadow_proxy.trace.reading import note, nothing_to_do, run, summary_line
+from shadow_proxy.trace.reading import collect
 
 if TYPE_CHECKING:
-    from shadow_proxy.trace.selection import TraceRequest
+    from shadow_proxy.trace.reading import Sink
+    from shadow_proxy.trace.selection import Selection, TraceRequest
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -41,18 +44,113 @@ EXIT_INTERRUPTED = 130
 EXIT_CLOSED = -1
 
 
+def _note(line: str) -> None:
+    print(f"shadow-trace: {line}", file=sys.stderr, flush=True)
+
+
+def _run(
+    args: argparse.Namespace,
+    selection: Selection,
+    produce: Callable[[list[TraceRequest]], int],
+    sink: Sink | None = None,
+) -> int:
+    """Read the source, then ``produce`` the output from what was read (it returns
+    an exit status); JetStream records are acknowledged once it returned 0. With
+    ``sink`` each request goes there as it is read (none are kept)."""
+
+    async def main() -> int:
+        # Selection deduplicates (also records of files without publisher ids).
+        source = sources.open_source(args, dedup=False, log=_note)
+        try:
+            await source.open()
+            requests, acks = await collect(
+                source,
+                selection,
+                max_records=args.max_records,
+                duration_s=args.duration,
+                sink=sink,
+            )
+            args.unreadable = sum(source.stats.unreadable.values())
+            code = produce(requests)
+            if code == 0:
+                for ack in acks:  # the output is written: these are handled
+                    await ack()
+            return code
+        finally:
+            await source.aclose()
+
+    return asyncio.run(main())
+
+
+def _nothing_to_do(selection: Selection, unreadable: int) -> str | None:
+    """Why there is nothing to export or analyse (say it, exit 2), or None."""
+    if selection.records == 0:
+        extra = f" ({unreadable:,} unreadable entries)" if unreadable else ""
+        return f"no records in the source{extra}"
+    if selection.kept == 0:
+        return "no request with token ids in the source (see above)"
+    return None
+
+
+def _summary_line(selection: Selection, unreadable: int) -> str:
+    s = selection.summary()
+    parts = [f"{s['records']:,} records", f"{s['used']:,} used"]
+    if s["duplicates"]:
+        parts.append(f"{s['duplicates']:,} duplicates skipped")
+    if s["without_token_ids"]:
+        parts.append(f"{s['without_token_ids']:,} without token ids skipped")
+    if s.get("other_tap"):
+        parts.append(f"{s['other_tap']:,} of other taps skipped")
+    for reason, n in s["invalid"].items():
+        parts.append(f"{n:,} invalid ({reason}) skipped")
+    if unreadable:
+        parts.append(f"{unreadable:,} unreadable skipped")
+    return "shadow-trace: " + ", ".join(parts)
+
+
+def export_parquet(args: argparse.Namespace) -> int:
+    """One row per record (``trace/parquet.py``), written as the records are read."""
+    from shadow_proxy.trace.parquet import ParquetExport
+    from shadow_proxy.trace.selection import Selection
+
+    if args.output == "-":
+        _note("--format parquet writes a file: give -o PATH")
+        return EXIT_USAGE
+    selection = Selection(taps={args.tap} if args.tap else None)
+    export = ParquetExport(Path(args.output))
+
+    def produce(requests: list[TraceRequest]) -> int:
+        print(_summary_line(selection, args.unreadable), file=sys.stderr)
+        nothing = _nothing_to_do(selection, args.unreadable)
+        if nothing is not None:
+            export.abort()
+            _note(f"{nothing}: nothing written")
+            return EXIT_USAGE
+        written = export.close()
+        _note(f"wrote {written:,} rows in {export.row_groups} row groups to {args.output}")
+        return 0
+
+    try:
+        return _run(args, selection, produce, sink=export.add)
+    finally:
+        if export.partial.exists():  # not moved into place: nothing to keep
+            export.abort()
+
+
 def export_command(args: argparse.Namespace) -> int:
     from shadow_proxy.trace.export import Exporter
     from shadow_proxy.trace.selection import Selection
 
+    if args.format == "parquet":
+        return export_parquet(args)
     exporter = Exporter(args.format, args.block_size, sessions=args.session_id)
     selection = Selection(taps={args.tap} if args.tap else None)
 
     def produce(requests: list[TraceRequest]) -> int:
-        print(summary_line(selection, args.unreadable), file=sys.stderr)
-        nothing = nothing_to_do(selection, args.unreadable)
+        print(_summary_line(selection, args.unreadable), file=sys.stderr)
+        nothing = _nothing_to_do(selection, args.unreadable)
         if nothing is not None:
-            note(f"{nothing}: no trace written")
+            _note(f"{nothing}: no trace written")
             return EXIT_USAGE
         for request in requests:
             exporter.add(request)
@@ -70,10 +168,10 @@ def export_command(args: argparse.Namespace) -> int:
                 written = exporter.write(out)
             partial.replace(out_path)
         where = "stdout" if args.output == "-" else str(out_path)
-        note(f"wrote {written:,} {args.format} rows (block size {exporter.block_size}) to {where}")
+        _note(f"wrote {written:,} {args.format} rows (block size {exporter.block_size}) to {where}")
         return 0
 
-    code = run(args, selection, produce)
+    code = _run(args, selection, produce)
     return 0 if code == EXIT_CLOSED else code
 
 
@@ -95,10 +193,10 @@ def analyze_command(args: argparse.Namespace) -> int:
     command = "shadow-trace " + shlex.join(args.argv)
 
     def produce(requests: list[TraceRequest]) -> int:
-        print(summary_line(selection, args.unreadable), file=sys.stderr)
-        nothing = nothing_to_do(selection, args.unreadable)
+        print(_summary_line(selection, args.unreadable), file=sys.stderr)
+        nothing = _nothing_to_do(selection, args.unreadable)
         if nothing is not None:
-            note(f"{nothing}: nothing to analyze")
+            _note(f"{nothing}: nothing to analyze")
             return EXIT_USAGE
         analysis.extend(requests)
         result = analysis.result()
@@ -124,7 +222,7 @@ def analyze_command(args: argparse.Namespace) -> int:
             report.plot(result, Path(args.plot), command)
         return 0
 
-    return run(args, selection, produce)
+    return _run(args, selection, produce)
 
 
 def _predicted(result: dict, capacity: int | None) -> list[dict]:
@@ -196,9 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shadow-trace", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    export = commands.add_parser("export", help="write the records as a trace (JSON lines)")
+    export = commands.add_parser(
+        "export", help="write the records as a trace (JSON lines) or a Parquet table"
+    )
     _source_arguments(export)
-    export.add_argument("--format", required=True, choices=FORMATS, help="trace format")
+    export.add_argument(
+        "--format",
+        required=True,
+        choices=(*FORMATS, "parquet"),
+        help="trace format, or parquet: one row per record (typed columns, docs/trace.md)",
+    )
     export.add_argument(
         "--block-size", type=_block_size, help="tokens per block [mooncake 512, dynamo 64]"
     )

@@ -1,29 +1,33 @@
-"""Reading a source for ``shadow-trace``: every trace request it holds, with a
-progress line on stderr, stopped by SIGINT/SIGTERM with what was read kept, and
-JetStream acknowledgements given only once the output is written."""
+"""Reading a source for ``shadow-trace``: every trace request, with the
+acknowledgements to give once the output is written, and a progress line."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TextIO
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TextIO
 
 from shadow_proxy.records import sources
 from shadow_proxy.records.limits import Limited, reading_progress
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy: imported once the tools extra was found (extras.missing_tools)
     from shadow_proxy.trace.selection import Selection, TraceRequest
 
 PROGRESS_AFTER_S = 3.0
+#: Where a request goes as it is read, with its record (a streaming export).
+Sink = Callable[["TraceRequest", Mapping[str, Any]], None]
 
 
-class Progress:
+def _note(line: str) -> None:
+    print(f"shadow-trace: {line}", file=sys.stderr, flush=True)
+
+
+class _Progress:
     """``records N, used M, R/s`` (and for files, how far and an ETA) on stderr,
     redrawn at most once a second."""
 
@@ -66,13 +70,14 @@ async def collect(
     *,
     max_records: int | None,
     duration_s: float | None,
+    sink: Sink | None = None,
 ) -> tuple[list[TraceRequest], list[Ack]]:
     """Every trace request the source holds, and the acknowledgements to give
     once the output is written. Reading ends with the source, ``--max-records``,
     ``--duration``, or SIGINT/SIGTERM (what was read is kept). Exports and the
     reuse analysis order by arrival, so they need all of them; memory is about
     4 bytes per prompt token (an acknowledgement holds no record)."""
-    progress = Progress(sys.stderr, source)
+    progress = _Progress(sys.stderr, source)
     requests: list[TraceRequest] = []
     acks: list[Ack] = []
 
@@ -81,7 +86,10 @@ async def collect(
         async for delivery in limited:
             publisher = delivery.message.publisher_id or None  # 0: a file without ids
             request = selection.take(delivery.envelope, publisher)
-            if request is not None:
+            if request is not None and sink is not None:
+                assert delivery.envelope is not None
+                sink(request, delivery.envelope)
+            elif request is not None:
                 requests.append(request)
             if delivery.acknowledgement is not None:
                 acks.append(delivery.acknowledgement)
@@ -100,65 +108,9 @@ async def collect(
         with contextlib.suppress(asyncio.CancelledError):
             await reading
         if reading.cancelled():
-            note("stopped by a signal: using what was read")
+            _note("stopped by a signal: using what was read")
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
         progress.done()
     return requests, acks
-
-
-def note(line: str) -> None:
-    print(f"shadow-trace: {line}", file=sys.stderr, flush=True)
-
-
-def run(
-    args: argparse.Namespace, selection: Selection, produce: Callable[[list[TraceRequest]], int]
-) -> int:
-    """Read the source, then ``produce`` the output from what was read (it returns
-    an exit status); JetStream records are acknowledged once it returned 0."""
-
-    async def main() -> int:
-        # Selection deduplicates (also records of files without publisher ids).
-        source = sources.open_source(args, dedup=False, log=note)
-        try:
-            await source.open()
-            requests, acks = await collect(
-                source, selection, max_records=args.max_records, duration_s=args.duration
-            )
-            args.unreadable = sum(source.stats.unreadable.values())
-            code = produce(requests)
-            if code == 0:
-                for ack in acks:  # the output is written: these are handled
-                    await ack()
-            return code
-        finally:
-            await source.aclose()
-
-    return asyncio.run(main())
-
-
-def nothing_to_do(selection: Selection, unreadable: int) -> str | None:
-    """Why there is nothing to export or analyse (say it, exit 2), or None."""
-    if selection.records == 0:
-        extra = f" ({unreadable:,} unreadable entries)" if unreadable else ""
-        return f"no records in the source{extra}"
-    if selection.kept == 0:
-        return "no request with token ids in the source (see above)"
-    return None
-
-
-def summary_line(selection: Selection, unreadable: int) -> str:
-    s = selection.summary()
-    parts = [f"{s['records']:,} records", f"{s['used']:,} used"]
-    if s["duplicates"]:
-        parts.append(f"{s['duplicates']:,} duplicates skipped")
-    if s["without_token_ids"]:
-        parts.append(f"{s['without_token_ids']:,} without token ids skipped")
-    if s.get("other_tap"):
-        parts.append(f"{s['other_tap']:,} of other taps skipped")
-    for reason, n in s["invalid"].items():
-        parts.append(f"{n:,} invalid ({reason}) skipped")
-    if unreadable:
-        parts.append(f"{unreadable:,} unreadable skipped")
-    return "shadow-trace: " + ", ".join(parts)

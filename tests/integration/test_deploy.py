@@ -86,6 +86,7 @@ EXPORTED: dict[str, tuple[str, frozenset[str]]] = {
     "shadow_tap_awaiting_ack": ("gauge", frozenset({"tap"})),
     "shadow_nats_connected": ("gauge", frozenset()),
     "shadow_nats_reconnects": ("counter", frozenset()),
+    "shadow_nats_refusals": ("counter", frozenset()),
     "shadow_nats_stream_problems": ("counter", frozenset({"reason"})),
 }
 #: Labels Prometheus adds to every series (target labels) or to buckets.
@@ -858,7 +859,9 @@ class TestJetStreamOverlay:
         assert {t.transport for t in parsed.taps} == {"nats"}
         assert parsed.nats is not None
         assert parsed.nats.replicas == 3
-        assert all(s.startswith("nats://") for s in parsed.nats.servers)
+        assert all(s.startswith("tls://") for s in parsed.nats.servers)
+        access = parsed.nats.access()
+        assert access.user == "shadow-proxy" and access.tls
         base = Config.from_text(
             find(render(BASE), "ConfigMap", "shadow-proxy-config")["data"]["config.yaml"]
         )

@@ -80,6 +80,20 @@ class TestEnsure:
         )
         assert "overlap" in check.problem  # the server's own words
 
+    async def test_refused_for_want_of_storage(self, nats_server) -> None:
+        """Issue 31: ``max_bytes`` past the server's store is err_code 10047, a
+        ServerError (500), which was logged as 'JetStream did not answer' every
+        10 s for ever: the server did answer. It is a refusal, with the reason."""
+        config = NatsConfig(servers=tuple(nats_server.urls), max_bytes=64 * 2**40)
+        nc = await nats.connect(nats_server.urls)
+        try:
+            check = await ensure_stream(nc.jetstream(timeout=5), config, SUBJECTS)
+        finally:
+            await nc.close()
+        assert (check.ok, check.reason, check.fatal) == (False, "refused", True)
+        assert "insufficient storage resources" in check.problem, check.problem
+        assert "err_code 10047" in check.problem and "lower 'nats.max_bytes'" in check.problem
+
     async def test_no_jetstream_answer(self, tmp_path) -> None:
         """A NATS server without JetStream: the check says it is unavailable."""
         port = reserve_port()

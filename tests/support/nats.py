@@ -40,9 +40,9 @@ def _require_binary() -> None:
 
 
 @contextlib.contextmanager
-def started(directory: Path, size: int) -> Iterator[NatsCluster]:
+def started(directory: Path, size: int, extra_config: str = "") -> Iterator[NatsCluster]:
     _require_binary()
-    cluster = NatsCluster.create(directory, size)
+    cluster = NatsCluster.create(directory, size, extra_config=extra_config)
     try:
         cluster.start()
         yield cluster

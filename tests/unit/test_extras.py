@@ -17,4 +17,4 @@ def test_the_first_missing_module_is_named() -> None:
 
 
 def test_the_tools_are_the_extra() -> None:
-    assert TOOLS == ("numpy", "numba", "xxhash", "matplotlib")
+    assert TOOLS == ("numpy", "numba", "xxhash", "matplotlib", "pyarrow")

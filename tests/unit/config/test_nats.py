@@ -146,3 +146,41 @@ class TestRejections:
         message = rejected(tmp_path, BASE + f"nats:\n{servers}  {key}: {value}\n")
         assert_names(message, tmp_path, line, f"nats.{key}")
         assert expected in message, message
+
+
+class TestAuthAndTls:
+    """``nats.auth`` and ``nats.tls`` (issue 31): secrets named, never given;
+    paths relative to the file; one credential kind."""
+
+    def test_read_and_resolved(self, tmp_path):
+        text = BASE + textwrap.dedent("""\
+            nats:
+              servers: [tls://127.0.0.1:4222]
+              auth: {user: proxy, password_file: secrets/password}
+              tls: {ca_file: secrets/ca.pem, cert_file: c.pem, key_file: c.key}
+            """)
+        config = load(tmp_path, text)
+        access = config.nats.access()
+        assert access.user == "proxy"
+        assert access.password_file == tmp_path / "secrets" / "password"
+        assert access.ca_file == tmp_path / "secrets" / "ca.pem" and access.tls
+        assert "password from" in access.describe()
+
+    def test_environment_variable(self, tmp_path):
+        text = BASE + "nats:\n  servers: [nats://x:1]\n  auth: {token_env: NATS_TOKEN}\n"
+        assert load(tmp_path, text).nats.access().token_env == "NATS_TOKEN"
+
+    @pytest.mark.parametrize(
+        ("section", "key", "expected"),
+        [
+            ("auth: {user: u, token_env: T}", "nats.auth", "one credential kind"),
+            ("auth: {user: u}", "nats.auth", "a user needs a password"),
+            ("auth: {token_env: 'not a name'}", "nats.auth.token_env", "variable name"),
+            ("auth: {password: hunter2}", "nats.auth.password", "not a known key"),
+            ("tls: {cert_file: c.pem}", "nats.tls", "needs its key"),
+        ],
+    )
+    def test_rejected(self, tmp_path, section, key, expected):
+        message = rejected(tmp_path, BASE + f"nats:\n  servers: [nats://x:1]\n  {section}\n")
+        assert_names(message, tmp_path, 6, key)
+        assert expected in message, message

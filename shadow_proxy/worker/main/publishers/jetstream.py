@@ -61,6 +61,9 @@ from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
 from shadow_proxy.config import Config, NatsConfig, Transport
+from shadow_proxy.records.errors import SourceError
+from shadow_proxy.records.nats_access import redact, redact_all
+from shadow_proxy.records.nats_connect import cause, quiet_asyncio
 from shadow_proxy.worker.main.publishers.jetstream_metrics import JetStreamMetrics, LinkStats
 from shadow_proxy.worker.main.publishers.jetstream_stream import ensure_stream
 from shadow_proxy.worker.main.publishers.jetstream_tap import JetStreamPublisher
@@ -147,7 +150,7 @@ class JetStreamLink:
                 "no NATS server answered within %.0fs (%s); the JetStream taps queue records "
                 "and publish once one does",
                 budget_s,
-                ", ".join(self.config.servers),
+                redact_all(list(self.config.servers)),
             )
             return None
         return self.problem
@@ -250,7 +253,17 @@ class JetStreamLink:
             pass  # a heartbeat is never retried: the next one says more
 
     async def _connect(self) -> None:
+        """Connect (for ever, in the background). Credentials and TLS come from
+        ``nats.auth``/``nats.tls``, their secrets read now from their files or
+        variables; a file that cannot be read is logged (by name) and the worker
+        goes on without the JetStream taps."""
         nc = self.nc
+        quiet_asyncio()
+        try:
+            access = self.config.access().connect_options()
+        except SourceError as e:
+            self.note("%s", str(e))
+            return
         try:
             await nc.connect(
                 servers=list(self.config.servers),
@@ -267,6 +280,7 @@ class JetStreamLink:
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,
+                **access,
             )
             inbox = nc.new_inbox()
             self.reply_prefix = inbox + "."
@@ -274,10 +288,11 @@ class JetStreamLink:
         except asyncio.CancelledError:
             raise
         except (NatsError, OSError, TimeoutError) as e:
-            self.note("cannot connect: %s", type(e).__name__)
+            self.note("cannot connect: %s", cause(e) or type(e).__name__)
             return
         self.stats.connected = True
-        log.info("JetStream: connected to %s", nc.connected_url.netloc if nc.connected_url else "?")
+        where = redact(nc.connected_url.geturl()) if nc.connected_url else "?"
+        log.info("JetStream: connected to %s (%s)", where, self.config.access().describe())
         self.wake_now()
 
     async def _check_stream(self) -> None:
@@ -316,7 +331,15 @@ class JetStreamLink:
             self.note("no stream answered on %s: checking the stream again", publisher.subject)
 
     async def _on_error(self, error: Exception) -> None:
-        self.note("connection: %s", type(error).__name__)
+        """One line per cause (every ``LOG_EVERY_S``): a refusal says which
+        (authorization violation, TLS verification failed, permissions violation
+        on a subject) and is counted; never a traceback, never a secret."""
+        refusal = cause(error)
+        if refusal is not None:
+            self.stats.refusals += 1
+            self.note("refused: %s", refusal)
+        else:
+            self.note("connection: %s", type(error).__name__)
 
     async def _on_disconnected(self) -> None:
         self.stats.connected = False

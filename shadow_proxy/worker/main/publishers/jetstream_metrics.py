@@ -91,6 +91,8 @@ class LinkStats:
 
     connected: bool = False
     reconnects: int = 0
+    #: Connections a server refused (credentials, TLS, permissions): tried again.
+    refusals: int = 0
     stream_problems: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(STREAM_PROBLEMS, 0))
 
 
@@ -138,6 +140,12 @@ class JetStreamMetrics(Collector):
             "shadow_nats_reconnects", "Connections to NATS made again after one was lost."
         )
         reconnects.add_metric([], self.link.reconnects)
+        refusals = CounterMetricFamily(
+            "shadow_nats_refusals",
+            "Times a NATS server refused the tap worker (authorization, TLS verification, "
+            "permissions); the worker keeps serving and tries again.",
+        )
+        refusals.add_metric([], self.link.refusals)
         problems = CounterMetricFamily(
             "shadow_nats_stream_problems",
             "Times the JetStream taps could not publish to the stream, by reason. A "
@@ -149,7 +157,7 @@ class JetStreamMetrics(Collector):
         )
         for reason, count in self.link.stream_problems.items():
             problems.add_metric([reason], count)
-        return [ack, retries, awaiting, connected, reconnects, problems]
+        return [ack, retries, awaiting, connected, reconnects, refusals, problems]
 
     def describe(self):
         return []

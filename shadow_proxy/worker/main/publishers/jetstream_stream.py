@@ -34,6 +34,8 @@ DEFAULT_SUBJECTS = ("shadow.>",)
 #: is stored once). Retries go on past it; the consumer's count by
 #: (publisher_id, tap, seq) is what makes a later duplicate harmless.
 DUPLICATE_WINDOW_S = 120.0
+#: JetStream's err_code for a stream larger than the servers' store.
+INSUFFICIENT_RESOURCES = 10047
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -107,7 +109,11 @@ async def ensure_stream(
                     info.config.subjects,
                     config.replicas,
                 )
-            except nats.js.errors.BadRequestError as refused:
+            except nats.js.errors.ServiceUnavailableError:
+                raise  # no answer (a leader election): not a refusal
+            except nats.js.errors.APIError as refused:
+                # 400 (another stream takes the subjects), 500 with err_code 10047
+                # (insufficient storage resources): the server answered, and said no.
                 # Another proxy of the fleet may have created it meanwhile: check that one.
                 try:
                     info = await js.stream_info(config.stream)
@@ -136,10 +142,16 @@ def _refused(
     """JetStream would not create the stream (and no one else did): most often
     another stream already takes its subjects."""
     wanted = stream_config(config, subjects).subjects
+    if error.err_code == INSUFFICIENT_RESOURCES:
+        hint = "lower 'nats.max_bytes' (or 'nats.replicas'), or give the servers more store"
+    else:
+        hint = (
+            "a stream that already takes these subjects can be named in 'nats.stream', "
+            "or the taps given other subjects"
+        )
     problem = (
         f"JetStream refused to create stream {config.stream!r} with subjects {wanted}: "
-        f"{error.description or 'bad request'} (a stream that already takes these subjects "
-        "can be named in 'nats.stream', or the taps given other subjects)"
+        f"{error.description or 'bad request'} (err_code {error.err_code}; {hint})"
     )
     return StreamCheck(problem=problem, reason="refused")
 

@@ -48,6 +48,7 @@ class TestCollector:
         kv.stats.ack_seconds.observe(0.02)
         link = LinkStats(connected=True, reconnects=1)
         link.stream_problems["subjects"] = 4
+        link.refusals = 5
         registry = CollectorRegistry()
         registry.register(JetStreamMetrics(link, [kv, Publisher(TapStats("replay"))]))
         value = registry.get_sample_value
@@ -60,6 +61,7 @@ class TestCollector:
         assert value("shadow_tap_ack_seconds_sum", {"tap": "kv"}) == pytest.approx(0.02)
         assert value("shadow_nats_connected") == 1
         assert value("shadow_nats_reconnects_total") == 1
+        assert value("shadow_nats_refusals_total") == 5
         problems = {
             r: value("shadow_nats_stream_problems_total", {"reason": r}) for r in STREAM_PROBLEMS
         }
