@@ -41,7 +41,7 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -247,7 +247,7 @@ async def serve(
         except TargetUnavailable as exc:  # a service waits for its candidate
             say(f"{exc}; replaying anyway (failures are counted)")
         gate = Gate(replay, args, drop_when_full=not source.redelivers)
-        records = gate.passed(aiter(replay.limit(source.deliveries())), stop)
+        records: AsyncIterable[Any] = gate.passed(aiter(replay.limit(source.deliveries())), stop)
         run = asyncio.create_task(replay.run(records, lambda: source.stats.unreadable))
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({run, stopping}, return_when=asyncio.FIRST_COMPLETED)

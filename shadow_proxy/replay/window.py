@@ -134,7 +134,7 @@ class Window:
     def add(self, pair: Pair) -> None:
         """Keep one finished pair (its outputs dropped)."""
         primary, baseline = _light(pair.primary), _light(pair.baseline)
-        candidate = _light(pair.candidate)
+        candidate = attrs.evolve(pair.candidate, token_ids=None, texts=None)
         self._pairs.append(
             attrs.evolve(pair, primary=primary, candidate=candidate, baseline=baseline)
         )
