@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from shadow_proxy.replay.compare import compare
 from shadow_proxy.replay.stats import Tally
-from shadow_proxy.replay.window import Pair, Window, empty_snapshot, greedy
+from shadow_proxy.replay.window import JUDGED_PAIRS, Pair, Window, empty_snapshot, greedy
 from tests.support.replay import observation as obs
 
 S = 1_000_000_000
@@ -60,13 +62,20 @@ class TestVerdicts:
             tally.add(p.primary, p.candidate, p.diff, p.baseline, p.baseline_diff)
         batch = tally.latency("ttft_ms")["judged"]
         assert snapshot.verdicts["ttft"] == 1.0
-        assert snapshot.ratios["ttft"] == (batch["ratio_p50"], *batch["ci95"])
+        expected = (batch["ratio_p50"], *batch["ci95"])
+        assert snapshot.ratios["ttft"] == pytest.approx(expected, abs=1e-4)
         assert snapshot.pairs == 30
 
     def test_same_reads_zero_and_faster_minus_one(self) -> None:
         w = window()
         assert w.judge([pair(0, 100.0, 100.0, k) for k in range(30)]).verdicts["ttft"] == 0.0
         assert w.judge([pair(0, 20.0, 100.0, k) for k in range(30)]).verdicts["e2e"] == -1.0
+
+    def test_judged_on_a_sample_past_the_bound(self) -> None:
+        """Past JUDGED_PAIRS a uniform sample is judged; the pair count is the window's."""
+        pairs = [pair(0, 500.0, 100.0, k % 50) for k in range(JUDGED_PAIRS + 500)]
+        snapshot = window().judge(pairs)
+        assert snapshot.pairs == JUDGED_PAIRS + 500 and snapshot.verdicts["ttft"] == 1.0
 
     def test_too_few_pairs_is_nan(self) -> None:
         snapshot = window().judge([pair(0, 500.0, 100.0, k) for k in range(3)])
