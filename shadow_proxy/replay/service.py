@@ -203,11 +203,13 @@ def make_observer(options: ReplayOptions, window_s: float) -> LiveObserver:
 
 
 async def _refresh(observer: LiveObserver) -> None:
-    """Judge the window every ``REFRESH_S`` (in a thread: the loop keeps serving)."""
+    """Judge the window every ``REFRESH_S``, the judging included (in a thread:
+    the loop keeps serving)."""
     while True:
+        started = time.monotonic()
         pairs = observer.window.pairs(time.monotonic_ns())
         observer.publish(await asyncio.to_thread(observer.window.judge, pairs))
-        await asyncio.sleep(REFRESH_S)
+        await asyncio.sleep(max(0.0, REFRESH_S - (time.monotonic() - started)))
 
 
 async def serve(
