@@ -58,34 +58,47 @@ def _pinned(argv: list[str], cpus: str | None) -> list[str]:
     return ["taskset", "-c", cpus, *argv] if cpus and shutil.which("taskset") else argv
 
 
+def frontend_ids(max_tokens: int) -> list[int]:
+    """The token ids of the built-in frontend's output of ``max_tokens`` tokens."""
+    model = ServedModel.load("deepseek", MockConfig(models={"deepseek": MODEL}).models["deepseek"])
+    text = model.output_text(max_tokens)
+    return model.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def bench_envelope(
+    k: int, prompt_tokens: int, max_tokens: int, ids: list[int], arrival_ns: int
+) -> dict[str, Any]:
+    """Joined record ``k``: a prompt of ``prompt_tokens`` ids, ``ids`` as the primary's output."""
+    prompt = [(k * 7 + j) % 30000 + 100 for j in range(prompt_tokens)]
+    return {
+        "schema_version": 1, "tap": "bench", "seq": k, "request_id": f"bench-{k}",
+        "origin": "completions", "filters": [], "arrival_unix_ns": arrival_ns,
+        "request": {
+            "model": "deepseek", "token_ids": prompt,
+            "stop_conditions": {"max_tokens": max_tokens},
+            "sampling_options": {}, "output_options": {},
+        },
+        "response": {
+            "outcome": "complete",
+            "choices": [{"index": 0, "finish_reason": "length",
+                         "output_tokens": max_tokens, "token_ids": ids}],
+            "output_tokens": max_tokens,
+            "first_token_offset_ns": 5_000_000, "last_token_offset_ns": 50_000_000,
+            "end_offset_ns": 51_000_000,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens},
+        },
+    }  # fmt: skip
+
+
 def write_records(path: Path, args: argparse.Namespace) -> None:
     """``--requests`` joined records, the built-in frontend's output as the primary's."""
-    model = ServedModel.load("deepseek", MockConfig(models={"deepseek": MODEL}).models["deepseek"])
-    text = model.output_text(args.max_tokens)
-    ids = model.tokenizer.encode(text, add_special_tokens=False).ids
+    ids = frontend_ids(args.max_tokens)
     start = time.time_ns()
     out = RecordFile(path, max_bytes=1 << 40, keep=0)
     for k in range(args.requests):
-        prompt = [(k * 7 + j) % 30000 + 100 for j in range(args.prompt_tokens)]
-        envelope = {
-            "schema_version": 1, "tap": "bench", "seq": k, "request_id": f"bench-{k}",
-            "origin": "completions", "filters": [], "arrival_unix_ns": start + k * 1_000_000,
-            "request": {
-                "model": "deepseek", "token_ids": prompt,
-                "stop_conditions": {"max_tokens": args.max_tokens},
-                "sampling_options": {}, "output_options": {},
-            },
-            "response": {
-                "outcome": "complete",
-                "choices": [{"index": 0, "finish_reason": "length",
-                             "output_tokens": args.max_tokens, "token_ids": ids}],
-                "output_tokens": args.max_tokens,
-                "first_token_offset_ns": 5_000_000, "last_token_offset_ns": 50_000_000,
-                "end_offset_ns": 51_000_000,
-                "usage": {"prompt_tokens": args.prompt_tokens,
-                          "completion_tokens": args.max_tokens},
-            },
-        }  # fmt: skip
+        envelope = bench_envelope(
+            k, args.prompt_tokens, args.max_tokens, ids, start + k * 1_000_000
+        )
         out.write(Message("bench", 1, k, 0, encode_envelope(envelope)))
     out.close()
 

@@ -127,10 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out",
-        required=True,
         type=Path,
         metavar="DIR",
-        help="where pairs.jsonl, summary.json, report.md and the plots go",
+        help="where pairs.jsonl, summary.json, report.md and the plots go "
+        "(required but with --metrics-port)",
     )
     parser.add_argument(
         "--baseline",
@@ -236,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency samples kept for percentiles and plots (a uniform sample past N) "
         "[%(default)s]",
     )
+    from shadow_proxy.replay import service
+
+    service.add_arguments(parser)
     return parser
 
 
@@ -325,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     if args.score and (args.baseline is None or args.no_compare):
         parser.error("--score needs --baseline (the noise floor) and cannot go with --no-compare")
+    if args.out is None and args.metrics_port is None:
+        parser.error("the following arguments are required: --out")
+    from shadow_proxy.replay import service
     from shadow_proxy.replay.client import TargetUnavailable
     from shadow_proxy.replay.runner import Replay, ReplayOptions
 
@@ -357,7 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             score_top_k=args.score_top_k,
         )
         command = shlex.join(["shadow-replay", *args_list])
-        replay = Replay(options, command)
+        live = (
+            service.make_observer(options, args.window_s) if args.metrics_port is not None else None
+        )
+        replay = Replay(options, command, observer=live)
     except (ValueError, OSError) as exc:
         say(str(exc))
         return EXIT_USAGE
@@ -365,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         replay.progress_of = source.progress
     import uvloop
 
+    if live is not None:
+        return service.main(replay, live, source, args, say, headline)
     stopped: list[int] = []
     report = args.out / "report.md"
     try:

@@ -58,6 +58,7 @@ from shadow_proxy.replay.verdicts import (
     DEFAULT_MIN_DIFF_MS,
     default_tolerance,
 )
+from shadow_proxy.replay.window import PairObserver
 
 PROGRESS_INTERVAL_S = 0.5
 #: ``summary["run"]["stopped_by"]`` values.
@@ -91,7 +92,8 @@ class ReplayOptions:
     """Everything a run needs besides its records."""
 
     candidate: str
-    out_dir: Path
+    #: None: no pairs.jsonl nor report (the live service without ``--out``).
+    out_dir: Path | None
     baseline: str | None = None
     #: None: ``--speed max``.
     speed: float | None = 1.0
@@ -139,8 +141,15 @@ def load_tokenizer(path: Path) -> Any:
 class Replay:
     """A replay run; ``run`` once."""
 
-    def __init__(self, options: ReplayOptions, command: str, err: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        options: ReplayOptions,
+        command: str,
+        err: TextIO | None = None,
+        observer: PairObserver | None = None,
+    ) -> None:
         self.options = options
+        self.observer = observer
         self.command = command
         self.err = err if err is not None else sys.stderr
         has_baseline = options.baseline is not None and options.compare
@@ -239,7 +248,7 @@ class Replay:
         started = time.monotonic()
         cpu_started = time.process_time()
         stopped_by, error = "end", None
-        self._pairs = PairsWriter(o.out_dir)
+        self._pairs = PairsWriter(o.out_dir) if o.out_dir is not None else None
         self._candidate = self._client("candidate")
         self._baseline = self._client("baseline") if "baseline" in o.targets else None
         if self.scores is not None:
@@ -266,7 +275,8 @@ class Replay:
                 with contextlib.suppress(asyncio.CancelledError):
                     await progress
                 print(file=self.err)
-            self._pairs.close()
+            if self._pairs is not None:
+                self._pairs.close()
             await self._candidate.close()
             if self._baseline is not None:
                 await self._baseline.close()
@@ -295,7 +305,10 @@ class Replay:
         }
         if error is not None:
             run["error"] = error
-        summary = write_report(o.out_dir, self.tally, run, self.command, self.scores)
+        if o.out_dir is None:
+            summary = {**self.tally.summary(), "run": run}
+        else:
+            summary = write_report(o.out_dir, self.tally, run, self.command, self.scores)
         if failure is not None:
             raise failure
         return summary
@@ -310,15 +323,21 @@ class Replay:
                 envelope, model=o.model, compare=o.compare, request_id_header=o.request_id_header
             )
             if isinstance(built, Skip):
-                self.tally.skip(built.reason)
+                self.skip(built.reason)
                 if ack is not None:
                     await ack()
                 continue
             arrival = envelope.get("arrival_unix_ns")
             yield (envelope, built, ack), arrival if isinstance(arrival, int) else None
 
+    def skip(self, reason: str) -> None:
+        """Count one record not sent (the tally, and the observer)."""
+        self.tally.skip(reason)
+        if self.observer is not None:
+            self.observer.skipped(reason)
+
     async def _late(self, item: Item) -> None:
-        self.tally.skip("late")
+        self.skip("late")
         ack = item[2]
         if ack is not None:  # counted: handled (a late record is not sent again)
             await ack()
@@ -330,7 +349,7 @@ class Replay:
             await ack()  # its pair line is written
 
     async def _replay(self, envelope: Mapping[str, Any], request: CandidateRequest) -> None:
-        assert self._candidate is not None and self._pairs is not None
+        assert self._candidate is not None
         if self._baseline is None:
             candidate = await self._candidate.send(request)
             baseline: Observation | None = None
@@ -358,12 +377,19 @@ class Replay:
         }
         if not self.options.compare:
             self.tally.add(None, candidate, None)
-            self._pairs.write({**line, "candidate": candidate.to_json()})
+            if self.observer is not None:
+                self.observer.pair(request, None, candidate, None, None, None)
+            if self._pairs is not None:
+                self._pairs.write({**line, "candidate": candidate.to_json()})
             return
         primary = primary_observation(envelope)
         diff = compare(primary, candidate, request.prompt_tokens)
         base_diff = None if baseline is None else compare(primary, baseline, request.prompt_tokens)
         judged = self.tally.add(primary, candidate, diff, baseline, base_diff)
+        if self.observer is not None:
+            self.observer.pair(request, primary, candidate, diff, baseline, base_diff)
+        if self._pairs is None:
+            return
         line.update(primary=primary.to_json(), candidate=candidate.to_json())
         line["candidate_diff"] = diff.to_json()
         if baseline is not None and base_diff is not None:

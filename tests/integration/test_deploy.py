@@ -31,6 +31,8 @@ BASE = KUBE / "base"
 OVERLAY = KUBE / "overlays" / "example"
 JETSTREAM_OVERLAY = KUBE / "overlays" / "jetstream"
 DASHBOARD = DEPLOY / "grafana" / "shadow-proxy-dashboard.json"
+LIVE_OVERLAY = KUBE / "overlays" / "live-shadow"
+LIVE_DASHBOARD = DEPLOY / "grafana" / "live-shadow-dashboard.json"
 #: The base and every overlay (a new overlay is checked without being listed).
 TREES = [BASE, *sorted(p.parent for p in (KUBE / "overlays").glob("*/kustomization.yaml"))]
 
@@ -88,6 +90,16 @@ EXPORTED: dict[str, tuple[str, frozenset[str]]] = {
     "shadow_nats_reconnects": ("counter", frozenset()),
     "shadow_nats_refusals": ("counter", frozenset()),
     "shadow_nats_stream_problems": ("counter", frozenset({"reason"})),
+    # The live shadow (shadow-replay --metrics-port, issue 30).
+    "shadow_replay_requests": ("counter", frozenset({"target", "outcome"})),
+    "shadow_replay_skipped": ("counter", frozenset({"reason"})),
+    "shadow_replay_ttft_seconds": ("histogram", frozenset({"target"})),
+    "shadow_replay_itl_seconds": ("histogram", frozenset({"target"})),
+    "shadow_replay_e2e_seconds": ("histogram", frozenset({"target"})),
+    "shadow_replay_ratio": ("gauge", frozenset({"metric", "stat"})),
+    "shadow_replay_verdict": ("gauge", frozenset({"metric"})),
+    "shadow_replay_exact_match_ratio": ("gauge", frozenset({"target"})),
+    "shadow_replay_window_pairs": ("gauge", frozenset()),
 }
 #: Labels Prometheus adds to every series (target labels) or to buckets.
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "instance", "job", "endpoint", "le"})
@@ -730,6 +742,7 @@ class TestMetricNames:
         try:
             from prometheus_client import CollectorRegistry
 
+            from shadow_proxy.replay.live import TARGETS, LiveMetrics
             from shadow_proxy.serving.metrics import ProxyMetrics
             from shadow_proxy.worker.main.metrics import TapMetrics
             from shadow_proxy.worker.main.publishers.jetstream_metrics import (
@@ -743,6 +756,7 @@ class TestMetricNames:
         ProxyMetrics.create(registry)
         families = [
             *registry.collect(),
+            *LiveMetrics(CollectorRegistry(), TARGETS).registry.collect(),
             *JoinerMetrics().registry.collect(),
             *TapMetrics([]).collect(),
             *JetStreamMetrics(LinkStats(), []).collect(),
@@ -936,3 +950,93 @@ class TestJetStreamOverlay:
         warned = [reasons(r) for r in watching if r["labels"]["severity"] == "warning"]
         assert warned == [set(NO_ANSWERS)]
         assert set(MISMATCHES) | set(NO_ANSWERS) == set(STREAM_PROBLEMS)
+
+
+# -- the live shadow overlay (issue 30) -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live() -> list[dict[str, Any]]:
+    return render(LIVE_OVERLAY)
+
+
+def live_command(live: list[dict[str, Any]]) -> list[str]:
+    pod = find(live, "Deployment", "shadow-replay-live")["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    return container["command"]
+
+
+class TestLiveShadowOverlay:
+    """shadow-replay as a live service beside the JetStream fleet: a command the
+    tool accepts, reading a tap the proxy publishes, scraped, alerting on the
+    TTFT verdict for 10 minutes."""
+
+    def test_command_parses_and_reads_a_tap(self, live: list[dict[str, Any]]) -> None:
+        from shadow_proxy.config import Config
+        from shadow_proxy.replay.cli import build_parser
+
+        command = live_command(live)
+        assert command[0] == "shadow-replay"
+        args = build_parser().parse_args(command[1:])
+        assert args.metrics_port is not None and args.metrics_host == "0.0.0.0"
+        text = find(live, "ConfigMap", "shadow-proxy-config")["data"]["config.yaml"]
+        parsed = Config.from_text(text)
+        assert args.nats[0] in parsed.nats.servers and args.stream == parsed.nats.stream
+        tap = {t.name: t for t in parsed.taps}[args.tap]
+        assert tap.emit == "joined", "the replay compares against the primary's answer"
+        readers = find(live, "Deployment", "shadow-consumer-jetstream")["spec"]["template"]
+        taken = {command_options(c["command"])["--durable"] for c in readers["spec"]["containers"]}
+        assert args.durable not in taken, "a durable of its own: it sees every record"
+        services = {o["metadata"]["name"] for o in live if o["kind"] == "Service"}
+        for url in (args.candidate, args.baseline):
+            assert url.split("//")[1].split(":")[0] in services, url
+
+    def test_pod_is_probed_scraped_and_given_its_grace(self, live) -> None:
+        from shadow_proxy.replay.cli import build_parser
+
+        deployment = find(live, "Deployment", "shadow-replay-live")
+        pod = deployment["spec"]["template"]
+        [container] = pod["spec"]["containers"]
+        args = build_parser().parse_args(container["command"][1:])
+        [port] = container["ports"]
+        assert port["containerPort"] == args.metrics_port
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+        assert pod["spec"]["terminationGracePeriodSeconds"] > args.grace_s
+        assert deployment["spec"]["replicas"] == 1, "one window per replayer"
+        monitor = find(live, "PodMonitor", "shadow-replay-live")["spec"]
+        assert selects(monitor["selector"]["matchLabels"], pod["metadata"]["labels"])
+        assert [e["port"] for e in monitor["podMetricsEndpoints"]] == [port["name"]]
+
+    def test_alerts(self, live: list[dict[str, Any]]) -> None:
+        groups = find(live, "PrometheusRule", "shadow-replay-live")["spec"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        problems = [f"{r['alert']}: {p}" for r in rules for p in promql_problems(r["expr"])]
+        assert not problems, "\n".join(problems)
+        ttft = [r for r in rules if 'shadow_replay_verdict{metric="ttft"}' in r["expr"]]
+        assert len(ttft) == 1 and ttft[0]["for"] == "10m"
+        assert ttft[0]["expr"].strip().endswith("== 1")
+        for rule in rules:
+            assert rule["labels"]["severity"] in {"warning", "critical"}, rule["alert"]
+            assert rule["annotations"]["summary"], rule["alert"]
+
+    def test_dashboard(self) -> None:
+        board = json.loads(LIVE_DASHBOARD.read_text())
+        ids = [p["id"] for p in board["panels"]]
+        assert len(ids) == len(set(ids)) and board["schemaVersion"] >= 36
+        targets = [t for p in board["panels"] for t in p.get("targets", [])]
+        exprs = [t["expr"] for t in targets]
+        exprs += [v["definition"] for v in board["templating"]["list"] if "definition" in v]
+        problems = [p for expr in exprs for p in promql_problems(expr)]
+        assert not problems, "\n".join(problems)
+        for panel in board["panels"]:
+            if panel["type"] != "row":
+                assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        used = {m for t in targets for m in METRIC_RE.findall(t["expr"])}
+        for metric in (
+            "shadow_replay_verdict",
+            "shadow_replay_ratio",
+            "shadow_replay_exact_match_ratio",
+            "shadow_replay_requests_total",
+        ):
+            assert metric in used, f"no panel shows {metric}"
