@@ -224,6 +224,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency samples kept for percentiles and plots (a uniform sample past N) "
         "[%(default)s]",
     )
+    parser.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help="within a conversation, send turn k+1 with the candidate's own answer to turn k "
+        "(as the template renders it) the recorded think time after the candidate's turn k "
+        "ended; needs --tokenizer",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=non_negative(int),
+        default=0,
+        metavar="N",
+        help="replay the first N records without counting them anywhere [%(default)s]",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=non_negative(),
+        default=0.0,
+        metavar="S",
+        help="replay the records that arrived within S s of the first without counting "
+        "them [%(default)s]",
+    )
     return parser
 
 
@@ -339,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_records=args.max_records,
             duration_s=args.duration,
             live=source.live,
+            closed_loop=args.closed_loop,
+            warmup=args.warmup,
+            warmup_s=args.warmup_s,
         )
         command = shlex.join(["shadow-replay", *args_list])
         replay = Replay(options, command)

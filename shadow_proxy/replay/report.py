@@ -20,6 +20,7 @@ from typing import IO, Any
 import numpy as np
 
 from shadow_proxy.replay.stats import METRICS, Tally
+from shadow_proxy.replay.turns_report import closed_loop_section
 
 PAIRS = "pairs.jsonl"
 SUMMARY = "summary.json"
@@ -50,11 +51,18 @@ class PairsWriter:
 
 
 def write_report(
-    out_dir: Path, tally: Tally, run: Mapping[str, Any], command: str
+    out_dir: Path,
+    tally: Tally,
+    run: Mapping[str, Any],
+    command: str,
+    closed_loop: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """summary.json, report.md and the plots; returns the summary."""
+    """summary.json, report.md and the plots; returns the summary (with
+    ``closed_loop``, ``--closed-loop``'s own figures, when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {**tally.summary(), "run": dict(run)}
+    if closed_loop is not None:
+        summary["closed_loop"] = dict(closed_loop)
     partial = out_dir / f".{SUMMARY}.{os.getpid()}.tmp"
     partial.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, out_dir / SUMMARY)
@@ -143,6 +151,8 @@ def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> 
         ]
     lines += _error_section(summary, baseline)
     lines += _latency_section(summary, baseline)
+    if "closed_loop" in summary:
+        lines += closed_loop_section(summary["closed_loop"], run.get("warmup"))
     lines += ["", "## Differences per request", ""]
     note = (
         "counted = the candidate differs and the baseline does not (noise = both differ)"

@@ -1,0 +1,67 @@
+"""What a replay run is given besides its records: ``ReplayOptions`` (one field
+per ``shadow-replay`` option), and the tokenizer ``--tokenizer`` names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
+from shadow_proxy.replay.request import DEFAULT_REQUEST_ID_HEADER
+from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES
+from shadow_proxy.replay.verdicts import DEFAULT_MAX_ERROR_RATE, DEFAULT_MIN_DIFF_MS
+
+
+@attrs.frozen
+class ReplayOptions:
+    """Everything a run needs besides its records."""
+
+    candidate: str
+    out_dir: Path
+    baseline: str | None = None
+    #: None: ``--speed max``.
+    speed: float | None = 1.0
+    concurrency: int = 16
+    max_lag_s: float = 5.0
+    model: str | None = None
+    compare: bool = True
+    live: bool = False
+    #: None: ``verdicts.default_tolerance`` (5% with a baseline, 50% without).
+    tolerance: float | None = None
+    min_diff_ms: float = DEFAULT_MIN_DIFF_MS
+    tokenizer: Path | None = None
+    request_id_header: str = DEFAULT_REQUEST_ID_HEADER
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    max_samples: int = DEFAULT_MAX_SAMPLES
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    #: Read at most this many records / for this long (None: to the source's end).
+    max_records: int | None = None
+    duration_s: float | None = None
+    #: ``--closed-loop`` (``closed_loop.py``): needs ``tokenizer``.
+    closed_loop: bool = False
+    #: ``--warmup N`` / ``--warmup-s S``: the first N records sent, or those that
+    #: arrived within S s of the first, are replayed and left out of every count.
+    warmup: int = 0
+    warmup_s: float = 0.0
+
+    @property
+    def targets(self) -> dict[str, str]:
+        """The deployments requests go to, by name."""
+        out = {"candidate": self.candidate}
+        if self.baseline and self.compare:
+            out["baseline"] = self.baseline
+        return out
+
+
+def load_tokenizer(path: Path) -> Any:
+    """``tokenizers.Tokenizer`` from a model directory's tokenizer.json (or the file)."""
+    from tokenizers import Tokenizer
+
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        msg = f"'--tokenizer' must name a tokenizer.json or a directory holding one (got {path})"
+        raise ValueError(msg)
+    return Tokenizer.from_file(str(file))

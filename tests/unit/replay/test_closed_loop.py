@@ -1,0 +1,214 @@
+"""Closed loop against a candidate on loopback: each later turn carries the
+candidate's own earlier answers, leaves the recorded think time after the
+candidate's previous answer, and a conversation without spans falls back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from shadow_proxy.exchange import Route
+from shadow_proxy.replay.runner import Replay, ReplayOptions
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import load_model
+
+pytestmark = pytest.mark.timeout(60)
+
+ARRIVAL_NS = 1_700_000_000_000_000_000
+PRIMARY_END_NS = 40_000_000
+THINK_S = (0.3, 0.6)
+
+
+class Candidate:
+    """Answers each completions request with a text naming its turn, after 50 ms;
+    notes when each request came and when its answer ended."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "deepseek"}]})
+
+    async def complete(self, request: web.Request) -> web.StreamResponse:
+        came = time.monotonic_ns()
+        body = await request.json()
+        entry = {"came": came, "prompt": body["prompt"]}
+        self.seen.append(entry)
+        text = f"Candidate answer {len(self.seen)}, longer than the primary's."
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await asyncio.sleep(0.05)
+        for chunk in (text[:10], text[10:]):
+            event = {"id": "c", "choices": [{"index": 0, "text": chunk}]}
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        done = {"id": "c", "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
+        await response.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
+        entry["ended"] = time.monotonic_ns()
+        entry["answer"] = text
+        await response.write_eof()
+        return response
+
+
+@pytest.fixture
+async def candidate() -> AsyncIterator[tuple[str, Candidate]]:
+    fake = Candidate()
+    app = web.Application()
+    app.router.add_get("/v1/models", fake.models)
+    app.router.add_post("/v1/completions", fake.complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}", fake
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture(scope="module")
+def preprocessor(model_dirs: dict[str, Path]) -> Preprocessor:
+    return Preprocessor({"deepseek": load_model("deepseek", str(model_dirs["deepseek"]), None)})
+
+
+def messages(conversation: int, answers: list[str]) -> list[dict[str, str]]:
+    out = [{"role": "user", "content": f"conversation {conversation}, question 0"}]
+    for k, answer in enumerate(answers):
+        out += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": f"question {k + 1}"},
+        ]
+    return out
+
+
+def prompt(pre: Preprocessor, history: list[dict[str, str]]) -> Any:
+    body = json.dumps({"model": "deepseek", "messages": history}).encode()
+    return pre.preprocess(Route.CHAT, body, 0)
+
+
+def conversation_records(
+    pre: Preprocessor, conversation: int, turns: int, think_s: float, *, spans: bool = True
+) -> list[dict[str, Any]]:
+    """One conversation's joined records: the primary answered "Primary k." to
+    turn k in 40 ms, and the client sent the next turn ``think_s`` later."""
+    records, arrival = [], ARRIVAL_NS + conversation * 100_000_000
+    for k in range(turns):
+        answers = [f"Primary {i}." for i in range(k)]
+        pre_request = prompt(pre, messages(conversation, answers))
+        request: dict[str, Any] = {
+            "model": "deepseek",
+            "token_ids": pre_request.token_ids,
+            "stop_conditions": {"max_tokens": 16},
+        }
+        if spans and pre_request.prompt_spans:
+            request["prompt_spans"] = pre_request.prompt_spans
+        records.append(
+            {
+                "schema_version": 1,
+                "tap": "t",
+                "seq": conversation * 100 + k,
+                "request_id": f"c{conversation}-t{k}",
+                "origin": "chat",
+                "arrival_unix_ns": arrival,
+                "request": request,
+                "response": {
+                    "outcome": "complete",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "output_tokens": 3,
+                            "text": f"Primary {k}.",
+                        }
+                    ],
+                    "output_tokens": 3,
+                    "first_token_offset_ns": 20_000_000,
+                    "last_token_offset_ns": 30_000_000,
+                    "end_offset_ns": PRIMARY_END_NS,
+                },
+            }
+        )
+        arrival += PRIMARY_END_NS + int(think_s * 1e9)
+    return records
+
+
+async def feed(records: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+    for record in sorted(records, key=lambda r: r["arrival_unix_ns"]):
+        yield record
+
+
+def options(out: Path, url: str, model_dirs: dict[str, Path], **kwargs: Any) -> ReplayOptions:
+    return ReplayOptions(
+        candidate=url,
+        out_dir=out,
+        concurrency=4,
+        closed_loop=True,
+        tokenizer=model_dirs["deepseek"],
+        **kwargs,
+    )
+
+
+class TestClosedLoop:
+    """The candidate's own answers, the recorded think time."""
+
+    async def test_turns_carry_the_candidates_answers(
+        self, candidate, preprocessor, model_dirs, tmp_path
+    ):
+        url, fake = candidate
+        records = [
+            *conversation_records(preprocessor, 0, 3, THINK_S[0]),
+            *conversation_records(preprocessor, 1, 3, THINK_S[1]),
+        ]
+        summary = await Replay(options(tmp_path, url, model_dirs), "t").run(feed(records))
+        assert summary["replayed"] == 6
+        by_conversation: dict[int, list[dict[str, Any]]] = {}
+        for entry in fake.seen:
+            for c in (0, 1):
+                if entry["prompt"][:8] == prompt(preprocessor, messages(c, [])).token_ids[:8]:
+                    by_conversation.setdefault(c, []).append(entry)
+        for c, think in enumerate(THINK_S):
+            sent = by_conversation[c]
+            assert len(sent) == 3
+            for k, entry in enumerate(sent):
+                answers = [earlier["answer"] for earlier in sent[:k]]
+                assert entry["prompt"] == prompt(preprocessor, messages(c, answers)).token_ids
+                if k:
+                    gap = (entry["came"] - sent[k - 1]["ended"]) / 1e9
+                    assert think - 0.1 <= gap <= think + 0.1, (c, k, gap)
+        closed = summary["closed_loop"]
+        assert closed["records"] == {
+            "grouped_by_session": 0,
+            "grouped_by_prefix": 6,
+            "standalone": 0,
+        }
+        assert closed["fell_back_open_loop"] == {}
+        assert [t["records"] for t in closed["per_turn"]] == [2, 2, 2]
+        assert closed["turns_completed"] == 6
+        assert closed["duration_ratio_n"] == 2
+        assert "## Closed loop" in (tmp_path / "report.md").read_text()
+
+    async def test_without_spans_falls_back(self, candidate, preprocessor, model_dirs, tmp_path):
+        url, fake = candidate
+        records = conversation_records(preprocessor, 0, 2, 0.2, spans=False)
+        summary = await Replay(options(tmp_path, url, model_dirs), "t").run(feed(records))
+        assert summary["closed_loop"]["fell_back_open_loop"] == {"no_spans": 1}
+        assert [e["prompt"] for e in fake.seen] == [r["request"]["token_ids"] for r in records]
+
+    async def test_warmup_is_not_counted(self, candidate, preprocessor, model_dirs, tmp_path):
+        url, _fake = candidate
+        records = conversation_records(preprocessor, 0, 3, 0.2)
+        summary = await Replay(options(tmp_path, url, model_dirs, warmup=1), "t").run(feed(records))
+        assert summary["replayed"] == 2
+        assert summary["run"]["warmup"]["excluded"] == 1
+        assert [t["turn"] for t in summary["closed_loop"]["per_turn"]] == [1, 2]
+
+    def test_needs_a_tokenizer(self, tmp_path):
+        with pytest.raises(ValueError, match="needs '--tokenizer'"):
+            Replay(ReplayOptions(candidate="http://x", out_dir=tmp_path, closed_loop=True), "t")
