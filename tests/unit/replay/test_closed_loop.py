@@ -4,20 +4,18 @@ candidate's previous answer, and a conversation without spans falls back."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.replay.runner import Replay, ReplayOptions
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import load_model
+from tests.support.closed_loop import serve_candidate
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,51 +24,10 @@ PRIMARY_END_NS = 40_000_000
 THINK_S = (0.3, 0.6)
 
 
-class Candidate:
-    """Answers each completions request with a text naming its turn, after 50 ms;
-    notes when each request came and when its answer ended."""
-
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-
-    async def models(self, _request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "deepseek"}]})
-
-    async def complete(self, request: web.Request) -> web.StreamResponse:
-        came = time.monotonic_ns()
-        body = await request.json()
-        entry = {"came": came, "prompt": body["prompt"]}
-        self.seen.append(entry)
-        text = f"Candidate answer {len(self.seen)}, longer than the primary's."
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await asyncio.sleep(0.05)
-        for chunk in (text[:10], text[10:]):
-            event = {"id": "c", "choices": [{"index": 0, "text": chunk}]}
-            await response.write(f"data: {json.dumps(event)}\n\n".encode())
-        done = {"id": "c", "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
-        await response.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
-        entry["ended"] = time.monotonic_ns()
-        entry["answer"] = text
-        await response.write_eof()
-        return response
-
-
 @pytest.fixture
-async def candidate() -> AsyncIterator[tuple[str, Candidate]]:
-    fake = Candidate()
-    app = web.Application()
-    app.router.add_get("/v1/models", fake.models)
-    app.router.add_post("/v1/completions", fake.complete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", fake
-    finally:
-        await runner.cleanup()
+async def candidate():
+    async with serve_candidate("deepseek") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
