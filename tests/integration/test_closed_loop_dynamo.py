@@ -1,12 +1,13 @@
 """shadow-replay --closed-loop against conversations captured in front of the real
 Dynamo 1.6.1 frontend and mocker (issue 28).
 
-Three conversations of three turns run at once through the proxy in front of
-Dynamo: a client that reads each streamed answer, sends it back as the
-assistant message, and waits a think time of 0.2 to 1.2 s before its next turn
-(one conversation names itself with ``x-dynamo-session-id``, the others are
-grouped by their prompts). They are replayed closed-loop to a candidate that
-answers with its own text, longer than the mocker's and at another latency.
+For each of the two models (deepseek, chatml), three conversations of three
+turns run at once through the proxy in front of Dynamo: a client that reads
+each streamed answer, sends it back as the assistant message, and waits a
+think time of 0.2 to 1.2 s before its next turn (one conversation names itself
+with ``x-dynamo-session-id``, the others are grouped by their prompts). They
+are replayed closed-loop to a candidate that answers with its own text, longer
+than the mocker's and at another latency.
 
 What is proven:
 
@@ -45,7 +46,7 @@ from tests.support.servers import proxy_config, run_proxy
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.timeout(300)]
 
-MODEL = REPO / ".models" / "deepseek"
+MODELS = REPO / ".models"
 #: Per conversation, the think time before each later turn.
 THINKS_S = ((0.2, 0.5), (0.8, 0.3), (1.2, 0.4))
 MAX_TOKENS = 8
@@ -75,12 +76,12 @@ async def answer_of(resp: aiohttp.ClientResponse) -> str:
     return "".join(text)
 
 
-async def converse(session: aiohttp.ClientSession, url: str, c: int) -> None:
+async def converse(session: aiohttp.ClientSession, url: str, model: str, c: int) -> None:
     answers: list[str] = []
     headers = {"x-dynamo-session-id": "conversation-0"} if c == 0 else {}
     for k in range(len(THINKS_S[c]) + 1):
         body = {
-            "model": "deepseek",
+            "model": model,
             "messages": messages(c, answers),
             "max_tokens": MAX_TOKENS,
             "stream": True,
@@ -96,25 +97,30 @@ async def converse(session: aiohttp.ClientSession, url: str, c: int) -> None:
             await asyncio.sleep(THINKS_S[c][k])  # the client's think time, recorded
 
 
+@pytest.fixture(scope="module", params=["deepseek", "chatml"])
+def model(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def records(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def records(model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     require_dynamo()
     from shadow_proxy.devtools.modeldirs import build_all
 
-    build_all(REPO / ".models")
-    scratch = tmp_path_factory.mktemp("closed-loop")
-    dynamo = asyncio.run(start_dynamo(MODEL, "deepseek", scratch / "dynamo", 10.0))
+    build_all(MODELS)
+    scratch = tmp_path_factory.mktemp(f"closed-loop-{model}")
+    dynamo = asyncio.run(start_dynamo(MODELS / model, model, scratch / "dynamo", 10.0))
     try:
-        yield asyncio.run(capture(dynamo.base_url, scratch))
+        yield asyncio.run(capture(dynamo.base_url, model, scratch))
     finally:
         dynamo.stop()
 
 
-async def capture(upstream: str, out: Path) -> Path:
+async def capture(upstream: str, model: str, out: Path) -> Path:
     endpoint = f"tcp://127.0.0.1:{reserve_port()}"
     tap = {"name": "joined", "topic": "joined", "capture": "request_response"}
     taps = [{**tap, "emit": "joined", "endpoint": endpoint, "capacity": 1024}]
-    models = [{"name": "deepseek", "tokenizer": str(MODEL)}]
+    models = [{"name": model, "tokenizer": str(MODELS / model)}]
     config = proxy_config(upstream, models=models, taps=taps)
     consumer = Consumer(endpoint, "joined", out, 1 << 30)
     turns = sum(len(t) + 1 for t in THINKS_S)
@@ -122,7 +128,8 @@ async def capture(upstream: str, out: Path) -> Path:
         async with run_proxy(config) as (url, _registry, _app):
             await wait_until(lambda: consumer.read().get("heartbeats", 0) >= 1, timeout=15)
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-                await asyncio.gather(*(converse(session, url, c) for c in range(len(THINKS_S))))
+                conversations = (converse(session, url, model, c) for c in range(len(THINKS_S)))
+                await asyncio.gather(*conversations)
             await wait_until(lambda: consumer.read().get("records") == turns, timeout=30)
     finally:
         consumer.close()
@@ -130,20 +137,27 @@ async def capture(upstream: str, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dynamo_profile() -> Preprocessor:
-    return Preprocessor({"deepseek": load_model("deepseek", str(MODEL), None)})
+def dynamo_profile(model: str) -> Preprocessor:
+    return Preprocessor({model: load_model(model, str(MODELS / model), None)})
 
 
 def rendered(pre: Preprocessor, conversation: int, answers: list[str]) -> list[int]:
-    body = json.dumps({"model": "deepseek", "messages": messages(conversation, answers)})
+    (model,) = pre._models
+    body = json.dumps({"model": model, "messages": messages(conversation, answers)})
     result = pre.preprocess(Route.CHAT, body.encode(), 0)
     assert isinstance(result, PreprocessedRequest)
     return result.token_ids
 
 
-async def replay(records: Path, out: Path, url: str, closed_loop: bool) -> dict[str, Any]:
+async def replay(
+    records: Path, out: Path, url: str, model: str, closed_loop: bool
+) -> dict[str, Any]:
     options = ReplayOptions(
-        candidate=url, out_dir=out, concurrency=4, tokenizer=MODEL, closed_loop=closed_loop
+        candidate=url,
+        out_dir=out,
+        concurrency=4,
+        tokenizer=MODELS / model,
+        closed_loop=closed_loop,
     )
     source, unreadable = file_records(records)
     return await Replay(options, "shadow-replay --closed-loop").run(source, unreadable)
@@ -165,14 +179,16 @@ def recorded_thinks(envelopes: list[dict[str, Any]]) -> dict[str, float]:
 class TestClosedLoopDynamo:
     """Captured in front of Dynamo, replayed closed-loop."""
 
-    async def test_candidate_sees_its_own_conversation(self, records, dynamo_profile, tmp_path):
+    async def test_candidate_sees_its_own_conversation(
+        self, model, records, dynamo_profile, tmp_path
+    ):
         envelopes = load_records(records)
         assert all(
             e["request"].get("prompt_spans") for e in envelopes if e["request_id"][-1] != "0"
         )
         thinks = recorded_thinks(envelopes)
-        async with serve_candidate("deepseek", delay_s=0.12) as (url, candidate):
-            summary = await replay(records, tmp_path, url, closed_loop=True)
+        async with serve_candidate(model, delay_s=0.12) as (url, candidate):
+            summary = await replay(records, tmp_path, url, model, closed_loop=True)
         seen = candidate.by_original_id()
         assert summary["replayed"] == len(envelopes) == len(seen)
         recorded = {e["request_id"]: e["request"]["token_ids"] for e in envelopes}
@@ -197,10 +213,10 @@ class TestClosedLoopDynamo:
         report = (tmp_path / "report.md").read_text()
         assert "## Closed loop" in report and "| turn | records |" in report
 
-    async def test_open_loop_is_unchanged(self, records, tmp_path):
+    async def test_open_loop_is_unchanged(self, model, records, tmp_path):
         envelopes = load_records(records)
-        async with serve_candidate("deepseek") as (url, candidate):
-            summary = await replay(records, tmp_path, url, closed_loop=False)
+        async with serve_candidate(model) as (url, candidate):
+            summary = await replay(records, tmp_path, url, model, closed_loop=False)
         assert "closed_loop" not in summary
         seen = candidate.by_original_id()
         assert {rid: e["prompt"] for rid, e in seen.items()} == {
