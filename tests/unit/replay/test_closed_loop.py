@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from shadow_proxy.exchange import Route
@@ -169,3 +170,96 @@ class TestClosedLoop:
     def test_needs_a_tokenizer(self, tmp_path):
         with pytest.raises(ValueError, match="needs '--tokenizer'"):
             Replay(ReplayOptions(candidate="http://x", out_dir=tmp_path, closed_loop=True), "t")
+
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
+
+
+def tool_records(pre: Preprocessor, primary_call_text: str, tokenizer: Any) -> list[dict]:
+    """A tool-calling conversation: turn 0 answered with a call (its raw text
+    ``primary_call_text``), turn 1 sends the tool's result, turn 2 follows the
+    answer to that."""
+    first = [{"role": "user", "content": "weather in Oslo?"}]
+    second = [
+        *first,
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    third = [*second, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "ok"}]
+    out = []
+    for k, history in enumerate((first, second, third)):
+        body = json.dumps({"model": "chatml", "messages": history}).encode()
+        result = pre.preprocess(Route.CHAT, body, 0)
+        text = primary_call_text if k == 0 else "Sunny."
+        request: dict[str, Any] = {"model": "chatml", "token_ids": result.token_ids}
+        if result.prompt_spans:
+            request["prompt_spans"] = result.prompt_spans
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        out.append(
+            {
+                "schema_version": 1,
+                "tap": "t",
+                "seq": k,
+                "request_id": f"tool-t{k}",
+                "origin": "chat",
+                "arrival_unix_ns": ARRIVAL_NS + k * 300_000_000,
+                "request": request,
+                "response": {
+                    "outcome": "complete",
+                    "choices": [{"index": 0, "finish_reason": "stop", "token_ids": ids}],
+                    "output_tokens": len(ids),
+                    "end_offset_ns": PRIMARY_END_NS,
+                },
+            }
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def chatml(model_dirs: dict[str, Path]) -> Preprocessor:
+    return Preprocessor({"chatml": load_model("chatml", str(model_dirs["chatml"]), None)})
+
+
+class TestToolCalls:
+    """A tool-calling turn answered alike keeps the loop; answered otherwise, the
+    conversation goes open-loop (the tool results answer the primary's call)."""
+
+    async def test_answered_alike(self, chatml, model_dirs, tmp_path):
+        from shadow_proxy.replay.options import load_tokenizer
+
+        tokenizer = load_tokenizer(model_dirs["chatml"])
+        same = "Candidate answer 1, longer than the primary's."  # what the candidate says first
+        records = tool_records(chatml, same, tokenizer)
+        async with serve_candidate("chatml") as (url, fake):
+            opts = options(tmp_path, url, model_dirs, speed=None)
+            opts = attrs.evolve(opts, tokenizer=model_dirs["chatml"])
+            summary = await Replay(opts, "t").run(feed(records))
+        assert summary["closed_loop"]["fell_back_open_loop"] == {}
+        seen = fake.by_original_id()
+        assert seen["tool-t1"]["prompt"] == records[1]["request"]["token_ids"]  # the call kept
+        answer = seen["tool-t1"]["answer"]
+        history = [
+            {"role": "user", "content": "weather in Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [CALL]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "ok"},
+        ]
+        body = json.dumps({"model": "chatml", "messages": history}).encode()
+        assert seen["tool-t2"]["prompt"] == chatml.preprocess(Route.CHAT, body, 0).token_ids
+
+    async def test_answered_otherwise(self, chatml, model_dirs, tmp_path):
+        from shadow_proxy.replay.options import load_tokenizer
+
+        records = tool_records(chatml, "<tool_call>other", load_tokenizer(model_dirs["chatml"]))
+        async with serve_candidate("chatml") as (url, fake):
+            opts = attrs.evolve(
+                options(tmp_path, url, model_dirs, speed=None), tokenizer=model_dirs["chatml"]
+            )
+            summary = await Replay(opts, "t").run(feed(records))
+        assert summary["closed_loop"]["fell_back_open_loop"] == {"tool_calls": 1}
+        assert [e["prompt"] for e in fake.seen] == [r["request"]["token_ids"] for r in records]
