@@ -29,72 +29,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from shadow_proxy.devtools.dynamo import REPO, start_dynamo
-from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.replay.runner import Replay, ReplayOptions
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import load_model
-from tests.integration.replay_capture import Consumer, file_records, load_records
+from tests.integration.conversations_capture import THINKS_S, capture_conversations, messages
+from tests.integration.replay_capture import file_records, load_records
 from tests.support.closed_loop import serve_candidate
 from tests.support.dynamo import require_dynamo
-from tests.support.servers import proxy_config, run_proxy
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.timeout(300)]
 
 MODELS = REPO / ".models"
-#: Per conversation, the think time before each later turn.
-THINKS_S = ((0.2, 0.5), (0.8, 0.3), (1.2, 0.4))
-MAX_TOKENS = 8
-
-
-def messages(conversation: int, answers: list[str]) -> list[dict[str, str]]:
-    out = [
-        {"role": "system", "content": "Answer briefly."},
-        {"role": "user", "content": f"Conversation {conversation}: where do we start?"},
-    ]
-    for k, answer in enumerate(answers):
-        out += [
-            {"role": "assistant", "content": answer},
-            {"role": "user", "content": f"And step {k + 1}?"},
-        ]
-    return out
-
-
-async def answer_of(resp: aiohttp.ClientResponse) -> str:
-    text = []
-    async for raw in resp.content:
-        line = raw.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        for choice in json.loads(line[6:]).get("choices", []):
-            text.append(choice.get("delta", {}).get("content") or "")
-    return "".join(text)
-
-
-async def converse(session: aiohttp.ClientSession, url: str, model: str, c: int) -> None:
-    answers: list[str] = []
-    headers = {"x-dynamo-session-id": "conversation-0"} if c == 0 else {}
-    for k in range(len(THINKS_S[c]) + 1):
-        body = {
-            "model": model,
-            "messages": messages(c, answers),
-            "max_tokens": MAX_TOKENS,
-            "stream": True,
-        }
-        async with session.post(
-            f"{url}/v1/chat/completions",
-            json=body,
-            headers={**headers, "x-request-id": f"c{c}-t{k}"},
-        ) as resp:
-            assert resp.status == 200, await resp.text()
-            answers.append(await answer_of(resp))
-        if k < len(THINKS_S[c]):
-            await asyncio.sleep(THINKS_S[c][k])  # the client's think time, recorded
 
 
 @pytest.fixture(scope="module", params=["deepseek", "chatml"])
@@ -111,29 +61,9 @@ def records(model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
     scratch = tmp_path_factory.mktemp(f"closed-loop-{model}")
     dynamo = asyncio.run(start_dynamo(MODELS / model, model, scratch / "dynamo", 10.0))
     try:
-        yield asyncio.run(capture(dynamo.base_url, model, scratch))
+        yield asyncio.run(capture_conversations(dynamo.base_url, model, MODELS / model, scratch))
     finally:
         dynamo.stop()
-
-
-async def capture(upstream: str, model: str, out: Path) -> Path:
-    endpoint = f"tcp://127.0.0.1:{reserve_port()}"
-    tap = {"name": "joined", "topic": "joined", "capture": "request_response"}
-    taps = [{**tap, "emit": "joined", "endpoint": endpoint, "capacity": 1024}]
-    models = [{"name": model, "tokenizer": str(MODELS / model)}]
-    config = proxy_config(upstream, models=models, taps=taps)
-    consumer = Consumer(endpoint, "joined", out, 1 << 30)
-    turns = sum(len(t) + 1 for t in THINKS_S)
-    try:
-        async with run_proxy(config) as (url, _registry, _app):
-            await wait_until(lambda: consumer.read().get("heartbeats", 0) >= 1, timeout=15)
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-                conversations = (converse(session, url, model, c) for c in range(len(THINKS_S)))
-                await asyncio.gather(*conversations)
-            await wait_until(lambda: consumer.read().get("records") == turns, timeout=30)
-    finally:
-        consumer.close()
-    return consumer.records
 
 
 @pytest.fixture(scope="module")

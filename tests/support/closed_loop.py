@@ -1,7 +1,8 @@
-"""A candidate for the closed-loop tests: a real server on loopback that answers
-each completions request with a text of its own (naming the request's place in
-its arrival order), after ``delay_s``, and notes when each request came, what
-prompt it held, its headers, and when its answer ended."""
+"""A candidate for the closed-loop tests (``serve_candidate``): a real server on
+loopback that answers each completions request with a text of its own (naming
+the request's place in its arrival order) after ``delay_s``, and notes when
+each request came, what prompt and original request id it held, and when its
+answer ended."""
 
 from __future__ import annotations
 
