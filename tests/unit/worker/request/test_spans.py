@@ -98,3 +98,42 @@ class TestWithout:
         (answer,) = spans["answers"]
         assert answer["tool_calls"] is True
         assert "before" not in answer
+
+
+CORPUS = Path(__file__).parents[3] / "data" / "fidelity" / "corpus.jsonl"
+
+
+class TestCorpus:
+    """Over the fidelity corpus (split on "\\n": its strings hold U+2028): every
+    chat case with spans splices exactly; only answers given as parts go without."""
+
+    @pytest.mark.parametrize("engine", ENGINES)
+    @pytest.mark.parametrize("model", MODELS)
+    def test_every_case(self, preprocessors, engine, model):
+        pre = preprocessors[engine]
+        without = []
+        for line in CORPUS.read_text().split("\n"):
+            if not line:
+                continue
+            case = json.loads(line)
+            messages = case["body"].get("messages") or []
+            if case["api"] != "chat" or not any(m.get("role") == "assistant" for m in messages):
+                continue
+            body = {**case["body"], "model": model}
+            result = pre.preprocess(Route.CHAT, json.dumps(body).encode(), 0)
+            assert isinstance(result, PreprocessedRequest), case["name"]
+            if not result.prompt_spans:
+                without.append(case["name"])
+                continue
+            ids, changed = list(result.token_ids), [dict(m) for m in messages]
+            for answer in reversed(result.prompt_spans["answers"]):
+                if "before" in answer:
+                    text = f"Another answer {answer['message']}."
+                    frame = answer["before"] + text + answer["after"]
+                    ids[answer["start"] : answer["end"]] = pre._models[model].encode(frame)
+                    changed[answer["message"]]["content"] = text
+            wanted = pre.preprocess(
+                Route.CHAT, json.dumps({**body, "messages": changed}).encode(), 0
+            )
+            assert ids == wanted.token_ids, case["name"]
+        assert without == ["assistant_parts", "assistant_refusal_part"]
