@@ -17,14 +17,16 @@ conversation.
 Bounds: the reader holds at most ``max_pending`` later turns waiting for their
 conversation (and waits while it would hold more); the scheduler's own queue
 bounds the first turns; ``Conversations`` keeps at most ``max_open``
-conversations. ``drain`` returns once every turn read was sent or counted.
+conversations, and their state here (the candidate's answers so far) is let
+go of once an evicted one is idle; per-turn samples are bounded in
+``turn_tally``; one float per conversation for its duration ratio. ``drain``
+returns once every turn read was sent or counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
 from collections import Counter, defaultdict, deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
@@ -42,6 +44,7 @@ from shadow_proxy.replay.conversations import (
     think_ns,
 )
 from shadow_proxy.replay.request import CandidateRequest, Skip
+from shadow_proxy.replay.turn_tally import TurnTally, median
 
 log = logging.getLogger(__name__)
 
@@ -77,24 +80,8 @@ class _Thread:
     first_arrival: int | None = None
     #: The last turn the candidate answered.
     last_done: Mapping[str, Any] | None = None
-
-
-@attrs.define
-class _TurnStats:
-    records: int = 0
-    ttft: list[float] = attrs.field(factory=list)
-    e2e: list[float] = attrs.field(factory=list)
-    candidate_tokens: list[int] = attrs.field(factory=list)
-    primary_tokens: list[int] = attrs.field(factory=list)
-    cached: list[float] = attrs.field(factory=list)
-
-
-def _envelope(record: Any) -> Mapping[str, Any]:
-    return record if isinstance(record, Mapping) else record.envelope
-
-
-def _ratio(values: list[float]) -> float | None:
-    return None if not values else round(statistics.median(values), 4)
+    #: Evicted from ``Conversations``: let go of once idle.
+    retired: bool = False
 
 
 class ClosedLoop:
@@ -122,8 +109,9 @@ class ClosedLoop:
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self.fell_back: Counter[str] = Counter()
-        self._per_turn: dict[int, _TurnStats] = defaultdict(_TurnStats)
-        self._think_errors_ms: list[float] = []
+        self.tally = TurnTally()
+        #: Duration ratios of the conversations let go of (``_retire``).
+        self._durations: list[float] = []
 
     # -- reading -----------------------------------------------------------------
 
@@ -154,6 +142,8 @@ class ClosedLoop:
         if isinstance(self._build(envelope), Skip):
             return True  # the runner counts it
         conversation, index = self.conversations.place(envelope)
+        for closed in self.conversations.take_closed():
+            self._retire(closed.number)
         turn = _Turn(record, envelope, conversation, index)
         self._turns[id(envelope)] = turn
         self._outstanding += 1
@@ -210,7 +200,22 @@ class ClosedLoop:
         thread.last_done = envelope
         if thread.pending:
             self._next(thread)
+        elif thread.retired:
+            self._retire(turn.conversation.number)
         self._changed.set()
+
+    def _retire(self, number: int) -> None:
+        """Let go of an evicted conversation once it is idle (its duration kept)."""
+        thread = self._threads.get(number)
+        if thread is None:
+            return
+        if thread.busy or thread.pending:
+            thread.retired = True
+            return
+        ratio = _duration_ratio(thread)
+        if ratio is not None:
+            self._durations.append(ratio)
+        del self._threads[number]
 
     def _next(self, thread: _Thread) -> None:
         turn = thread.pending.popleft()
@@ -256,7 +261,7 @@ class ClosedLoop:
             await asyncio.sleep((due - now) / 1e9)
         if thread.fallback is None and turn.after_ns is not None:
             waited = self._clock() - turn.after_ns
-            self._think_errors_ms.append((waited - turn.think_ns) / 1e6)
+            self.tally.think_error((waited - turn.think_ns) / 1e6)
         await self._send(turn.record, request)
 
     def _fall_back(self, thread: _Thread, reason: str) -> None:
@@ -300,63 +305,15 @@ class ClosedLoop:
     ) -> None:
         """Count a turn's pair (not called for warm-up turns)."""
         turn = self._turns.get(id(envelope))
-        if turn is None:
-            return
-        stats = self._per_turn[turn.index]
-        stats.records += 1
-        if candidate.output_tokens is not None:
-            stats.candidate_tokens.append(candidate.output_tokens)
-        if primary is not None and primary.output_tokens is not None:
-            stats.primary_tokens.append(primary.output_tokens)
-        if primary is not None and primary.succeeded and candidate.succeeded:
-            for mine, theirs, into in (
-                (candidate.ttft_ms, primary.ttft_ms, stats.ttft),
-                (candidate.e2e_ms, primary.e2e_ms, stats.e2e),
-            ):
-                if mine is not None and theirs:
-                    into.append(mine / theirs)
-        if candidate.cached_tokens is not None and candidate.prompt_tokens:
-            stats.cached.append(candidate.cached_tokens / candidate.prompt_tokens)
-
-    def _duration_ratios(self) -> list[float]:
-        """Per conversation the candidate answered at least two turns of, closed-loop
-        throughout: its duration (first send to last answer's end) over the
-        primary's (first arrival to last answer's end)."""
-        out = []
-        for thread in self._threads.values():
-            last, start = thread.last_done, thread.first_sent_ns
-            if thread.fallback or len(thread.answers) < 2 or last is None or start is None:
-                continue
-            response = last.get("response")
-            end = response.get("end_offset_ns") if isinstance(response, Mapping) else None
-            if not isinstance(end, int) or thread.ended_ns is None or thread.first_arrival is None:
-                continue
-            primary = _arrival(last) + end - thread.first_arrival
-            if primary > 0:
-                out.append((thread.ended_ns - start) / primary)
-        return out
+        if turn is not None:
+            self.tally.observe(turn.index, primary, candidate)
 
     def summary(self) -> dict[str, Any]:
         """summary.json's ``closed_loop``."""
         grouped = self.conversations.records
-        durations = self._duration_ratios()
-        per_turn = []
-        for index in sorted(self._per_turn):
-            s = self._per_turn[index]
-            per_turn.append(
-                {
-                    "turn": index,
-                    "records": s.records,
-                    "ttft_ratio_p50": _ratio(s.ttft),
-                    "e2e_ratio_p50": _ratio(s.e2e),
-                    "candidate_tokens_mean": _mean(s.candidate_tokens),
-                    "primary_tokens_mean": _mean(s.primary_tokens),
-                    "cached_share_mean": _mean(s.cached),
-                }
-            )
-        errors = sorted(abs(e) for e in self._think_errors_ms)
+        durations = [*self._durations, *filter(None, map(_duration_ratio, self._threads.values()))]
         return {
-            "conversations": len(self._threads),
+            "conversations": self.conversations.opened,
             "records": {
                 "grouped_by_session": grouped["session"],
                 "grouped_by_prefix": grouped["prefix"],
@@ -364,20 +321,31 @@ class ClosedLoop:
             },
             "fell_back_open_loop": dict(self.fell_back),
             "evicted": self.conversations.evicted,
-            "turns_completed": sum(s.records for s in self._per_turn.values()),
-            "duration_ratio_p50": _ratio(durations),
+            "turns_completed": self.tally.completed,
+            "duration_ratio_p50": median(durations),
             "duration_ratio_n": len(durations),
-            "think_error_ms": {
-                "n": len(errors),
-                "p50": None if not errors else round(statistics.median(errors), 3),
-                "max": None if not errors else round(errors[-1], 3),
-            },
-            "per_turn": per_turn,
+            "think_error_ms": self.tally.think_summary(),
+            "per_turn": self.tally.per_turn(),
         }
 
 
-def _mean(values: list[int] | list[float]) -> float | None:
-    return None if not values else round(sum(values) / len(values), 3)
+def _duration_ratio(thread: _Thread) -> float | None:
+    """A conversation the candidate answered at least two turns of, closed-loop
+    throughout: its duration (first send to last answer's end) over the
+    primary's (first arrival to last answer's end)."""
+    last, start = thread.last_done, thread.first_sent_ns
+    if thread.fallback or len(thread.answers) < 2 or last is None or start is None:
+        return None
+    response = last.get("response")
+    end = response.get("end_offset_ns") if isinstance(response, Mapping) else None
+    if not isinstance(end, int) or thread.ended_ns is None or thread.first_arrival is None:
+        return None
+    primary = _arrival(last) + end - thread.first_arrival
+    return (thread.ended_ns - start) / primary if primary > 0 else None
+
+
+def _envelope(record: Any) -> Mapping[str, Any]:
+    return record if isinstance(record, Mapping) else record.envelope
 
 
 def _arrival(envelope: Mapping[str, Any]) -> int:

@@ -104,6 +104,8 @@ class Conversations:
         #: Records by how they were grouped: ``session``, ``prefix``, ``standalone``
         #: (a conversation of one record so far).
         self.records: Counter[str] = Counter()
+        #: Conversations evicted since the last ``take_closed``.
+        self._closed: list[Conversation] = []
         self._open: OrderedDict[int, Conversation] = OrderedDict()
         self._by_session: dict[str, Conversation] = {}
         self._by_key: dict[tuple[int, ...], list[Conversation]] = {}
@@ -144,7 +146,18 @@ class Conversations:
             if oldest.session is not None:
                 self._by_session.pop(oldest.session, None)
             self.evicted += 1
+            self._closed.append(oldest)
         return conversation, turn
+
+    @property
+    def opened(self) -> int:
+        """Conversations opened so far (evicted ones included)."""
+        return self._numbers
+
+    def take_closed(self) -> list[Conversation]:
+        """The conversations evicted since the last call (their holder may let go)."""
+        closed, self._closed = self._closed, []
+        return closed
 
     def _chained(self, ids: tuple[int, ...]) -> Conversation | None:
         for size in range(min(_KEY_TOKENS, len(ids)), 0, -1):  # shorter prompts: shorter keys

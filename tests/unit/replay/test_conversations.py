@@ -48,8 +48,9 @@ class TestPlace:
         a, _ = c.place(record([1, 1]))
         c.place(record([2, 2]))
         c.place(record([3, 3]))
-        assert c.evicted == 1
+        assert c.evicted == 1 and c.take_closed() == [a] and c.take_closed() == []
         assert c.place(record([1, 1, 5]))[0] is not a
+        assert c.opened == 4
 
     def test_bound_must_be_positive(self):
         with pytest.raises(ValueError, match="'max_open' must be at least 1"):
