@@ -40,6 +40,7 @@ from shadow_proxy.replay.conversations import (
     Answer,
     Conversation,
     Conversations,
+    newest_answer,
     splice,
     think_ns,
 )
@@ -82,6 +83,10 @@ class _Thread:
     last_done: Mapping[str, Any] | None = None
     #: Evicted from ``Conversations``: let go of once idle.
     retired: bool = False
+    #: The answers' spans so far (one from each later turn's record), and the
+    #: recorded prompt of the last turn sent (a later one must begin with it).
+    spans: list[Mapping[str, Any]] = attrs.field(factory=list)
+    sent_ids: tuple[int, ...] = ()
 
 
 class ClosedLoop:
@@ -148,8 +153,9 @@ class ClosedLoop:
         self._turns[id(envelope)] = turn
         self._outstanding += 1
         if index == 0:
+            ids = envelope["request"]["token_ids"]
             self._threads[conversation.number] = _Thread(
-                first_arrival=_arrival(envelope), last=envelope
+                first_arrival=_arrival(envelope), last=envelope, sent_ids=tuple(ids)
             )
             return True
         while self._pending >= self.max_pending:
@@ -243,7 +249,7 @@ class ClosedLoop:
         assert isinstance(built, CandidateRequest)
         request = built
         if thread.fallback is None:
-            spliced = splice(turn.envelope, thread.answers, self._encode)
+            spliced = self._splice(thread, turn)
             if isinstance(spliced, str):
                 self._fall_back(thread, spliced)
             else:
@@ -263,6 +269,20 @@ class ClosedLoop:
             waited = self._clock() - turn.after_ns
             self.tally.think_error((waited - turn.think_ns) / 1e6)
         await self._send(turn.record, request)
+
+    def _splice(self, thread: _Thread, turn: _Turn) -> list[int] | str:
+        """The turn's prompt with the candidate's answers, or why not."""
+        ids = turn.envelope["request"]["token_ids"]
+        newest = newest_answer(turn.envelope)
+        if newest is None:
+            return "no_spans"
+        span, assistants = newest
+        previous = thread.sent_ids
+        if assistants != len(thread.answers) or list(ids[: len(previous)]) != list(previous):
+            return "answers"  # not the next turn of what was sent (history edited, turns missed)
+        thread.spans.append(span)
+        thread.sent_ids = tuple(ids)
+        return splice(ids, thread.spans, thread.answers, self._encode)
 
     def _fall_back(self, thread: _Thread, reason: str) -> None:
         if thread.fallback is None:

@@ -18,9 +18,10 @@ conversation of its own.
 
 ``splice`` builds turn k+1's prompt: the recorded ids with the primary's answer
 to every earlier turn i replaced by the candidate's, rendered in the frame the
-record carries (``request.prompt_spans``, ``worker/request/spans.py``). It
-returns a reason instead when it cannot, and the replay then sends that
-conversation open-loop (``FALLBACK_REASONS``).
+records carry (``request.prompt_spans``, ``worker/request/spans.py``: each
+record places its newest answer, the answer to the previous turn). It returns
+a reason instead when it cannot, and the replay then sends that conversation
+open-loop (``FALLBACK_REASONS``).
 """
 
 from __future__ import annotations
@@ -175,26 +176,36 @@ class Conversations:
                 del self._by_key[conversation.last_ids[:_KEY_TOKENS]]
 
 
+def newest_answer(envelope: Mapping[str, Any]) -> tuple[Mapping[str, Any], int] | None:
+    """The record's span of its last assistant message and how many assistant
+    messages it holds (``request.prompt_spans``), or None."""
+    request = envelope.get("request")
+    spans = request.get("prompt_spans") if isinstance(request, Mapping) else None
+    answers = spans.get("answers") if isinstance(spans, Mapping) else None
+    count = spans.get("assistants") if isinstance(spans, Mapping) else None
+    if not isinstance(answers, list) or len(answers) != 1 or not isinstance(count, int):
+        return None
+    span = answers[0]
+    return (span, count) if isinstance(span, Mapping) else None
+
+
 def splice(
-    envelope: Mapping[str, Any],
+    ids: Sequence[int],
+    spans: Sequence[Mapping[str, Any]],
     answers: Sequence[Answer],
     encode: Callable[[str], list[int]],
 ) -> list[int] | str:
-    """The record's prompt ids with answer i replaced by ``answers[i]`` (the
-    candidate's answer to turn i of the conversation), or one of
+    """``ids`` (a turn's recorded prompt) with the answer at ``spans[i]`` replaced
+    by ``answers[i]`` (the candidate's answer to turn i of the conversation;
+    the spans from the records of turns 1..k, valid in turn k's ids because each
+    turn's prompt begins with the previous one's), or one of
     ``FALLBACK_REASONS``. A tool-calling answer is kept as recorded when the
     candidate answered it as the primary did."""
-    request = envelope.get("request")
-    spans = request.get("prompt_spans") if isinstance(request, Mapping) else None
-    placed = spans.get("answers") if isinstance(spans, Mapping) else None
-    if not isinstance(placed, list) or not placed:
-        return "no_spans"
-    if len(placed) != len(answers):
+    if len(spans) != len(answers):
         return "answers"
-    ids = list(_ids_of(envelope))
-    for span, answer in reversed(list(zip(placed, answers, strict=True))):
-        if not isinstance(span, Mapping):
-            return "no_spans"
+    out = list(ids)
+    ordered = sorted(zip(spans, answers, strict=True), key=lambda pair: -int(pair[0]["start"]))
+    for span, answer in ordered:
         start, end = span.get("start"), span.get("end")
         if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(ids)):
             return "no_spans"
@@ -207,8 +218,8 @@ def splice(
             return "no_spans"
         if answer.text is None:
             return "candidate_failed"
-        ids[start:end] = encode(before + answer.text + after)
-    return ids
+        out[start:end] = encode(before + answer.text + after)
+    return out
 
 
 def think_ns(previous: Mapping[str, Any], following: Mapping[str, Any]) -> int:

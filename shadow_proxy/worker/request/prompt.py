@@ -9,6 +9,7 @@ is. NUL characters are stripped before encoding, as Dynamo does.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from shadow_proxy.worker.budget import chat_text_over, text_over
@@ -82,6 +83,7 @@ def _spans(
     template = model.chat_template
     if template is None or model.backend is None:
         return None
+    vllm = model.template_engine == "jinja2"
 
     def render_prefix(k: int, content: str | None) -> str:
         prefix = messages[:k]
@@ -89,15 +91,20 @@ def _spans(
             prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
         return template.render({**request, "messages": prefix, "add_generation_prompt": False})
 
-    def encode_offsets(text: str) -> tuple[list[int], list[tuple[int, int]], list[bool]]:
-        encoding = model.backend.encode(text, add_special_tokens=False)
-        special = model.backend.get_added_tokens_decoder()
-        return encoding.ids, encoding.offsets, [token in special for token in encoding.ids]
+    def encode_text(piece: str) -> list[int]:
+        return model.encode(piece if vllm or "\0" not in piece else piece.replace("\0", ""))
 
+    added = _added_tokens(model.backend)
     try:
-        return answer_spans(messages, text, ids, render_prefix, encode_offsets)
+        return answer_spans(messages, text, ids, render_prefix, encode_text, added)
     except Exception:  # spans are a help for replay; the record goes out without them
         return None
+
+
+@functools.lru_cache(maxsize=16)
+def _added_tokens(backend: Any) -> tuple[str, ...]:
+    """The text of the tokenizer's added tokens, once per tokenizer."""
+    return tuple(token.content for token in backend.get_added_tokens_decoder().values())
 
 
 def _check_message(message: Any) -> None:

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from shadow_proxy.replay.conversations import Answer, Conversations, splice, think_ns
+from shadow_proxy.replay.conversations import (
+    Answer,
+    Conversations,
+    newest_answer,
+    splice,
+    think_ns,
+)
 
 
 def record(ids: list[int], session: str | None = None, **request: Any) -> dict[str, Any]:
@@ -61,36 +67,50 @@ def encode(text: str) -> list[int]:
     return [ord(ch) for ch in text]
 
 
-SPANS = {"answers": [{"message": 1, "start": 2, "end": 5, "before": "<", "after": ">"}]}
+SPAN = {"message": 1, "start": 2, "end": 5, "before": "<", "after": ">"}
 
 
 class TestSplice:
     """The primary's answers replaced by the candidate's, or a reason."""
 
     def test_replaced_in_the_frame(self):
-        envelope = record([1, 2, 60, 97, 62, 3], prompt_spans=SPANS)
-        assert splice(envelope, [Answer("xy")], encode) == [1, 2, 60, 120, 121, 62, 3]
+        later = {"message": 3, "start": 6, "end": 7, "before": "", "after": ""}
+        ids = [1, 2, 60, 97, 62, 3, 98, 4]
+        out = splice(ids, [SPAN, later], [Answer("xy"), Answer("z")], encode)
+        assert out == [1, 2, 60, 120, 121, 62, 3, 122, 4]
 
     @pytest.mark.parametrize(
         ("spans", "answers", "reason"),
         [
-            (None, [Answer("x")], "no_spans"),
-            (SPANS, [], "answers"),
-            (SPANS, [Answer(None)], "candidate_failed"),
+            ([SPAN], [], "answers"),
+            ([{"start": 2}], [Answer("x")], "no_spans"),
+            ([SPAN], [Answer(None)], "candidate_failed"),
             (
-                {"answers": [{"message": 1, "start": 2, "end": 5, "tool_calls": True}]},
+                [{"message": 1, "start": 2, "end": 5, "tool_calls": True}],
                 [Answer("call b", primary_text="call a")],
                 "tool_calls",
             ),
         ],
     )
     def test_reasons(self, spans, answers, reason):
-        assert splice(record([1, 2, 3, 4, 5, 6], prompt_spans=spans), answers, encode) == reason
+        assert splice([1, 2, 3, 4, 5, 6], spans, answers, encode) == reason
 
     def test_tool_call_answered_alike_is_kept(self):
-        spans = {"answers": [{"message": 1, "start": 1, "end": 3, "tool_calls": True}]}
+        spans = [{"message": 1, "start": 1, "end": 3, "tool_calls": True}]
         answer = Answer("call", token_ids=(5, 6), primary_ids=(5, 6))
-        assert splice(record([1, 2, 3, 4], prompt_spans=spans), [answer], encode) == [1, 2, 3, 4]
+        assert splice([1, 2, 3, 4], spans, [answer], encode) == [1, 2, 3, 4]
+
+
+class TestNewestAnswer:
+    """A record's own span and count, when it has them."""
+
+    def test_present(self):
+        envelope = record([1], prompt_spans={"assistants": 2, "answers": [SPAN]})
+        assert newest_answer(envelope) == (SPAN, 2)
+
+    def test_absent(self):
+        assert newest_answer(record([1])) is None
+        assert newest_answer(record([1], prompt_spans={"answers": [SPAN]})) is None
 
 
 class TestThink:

@@ -36,7 +36,7 @@ def conversation(*answers: str) -> list[dict]:
             {"role": "user", "content": f"question {k}?"},
             {"role": "assistant", "content": answer},
         ]
-    return [*messages, {"role": "user", "content": "and then?"}]
+    return [*messages, {"role": "user", "content": f"question {len(answers)}?"}]
 
 
 def preprocess(pre: Preprocessor, model: str, messages: list[dict]) -> PreprocessedRequest:
@@ -47,28 +47,31 @@ def preprocess(pre: Preprocessor, model: str, messages: list[dict]) -> Preproces
 
 
 class TestSplice:
-    """Each answer's span, re-encoded with another text in its frame, is the prompt
-    the frontend builds for the conversation holding that text."""
+    """The newest answer's span, re-encoded with another text in its frame, is
+    the prompt the frontend builds for the conversation holding that text; the
+    earlier answer sits where the earlier turn's record placed it."""
 
     @pytest.mark.parametrize("engine", ENGINES)
     @pytest.mark.parametrize("model", MODELS)
     def test_every_answer_replaced(self, preprocessors, engine, model):
         pre = preprocessors[engine]
+        earlier = preprocess(pre, model, conversation("Four."))
         recorded = preprocess(pre, model, conversation("Four.", "Yes, it is 4 indeed."))
         wanted = preprocess(pre, model, conversation("It is 4!", "No."))
-        spans = recorded.prompt_spans
-        assert spans is not None
+        assert recorded.token_ids[: len(earlier.token_ids)] == earlier.token_ids
         encode = pre._models[model].encode
         ids = list(recorded.token_ids)
-        for answer, text in reversed(list(zip(spans["answers"], ("It is 4!", "No."), strict=True))):
+        spans = [earlier.prompt_spans["answers"][0], recorded.prompt_spans["answers"][0]]
+        for answer, text in reversed(list(zip(spans, ("It is 4!", "No."), strict=True))):
             frame = answer["before"] + text + answer["after"]
             ids[answer["start"] : answer["end"]] = encode(frame)
         assert ids == wanted.token_ids
 
     @pytest.mark.parametrize("engine", ENGINES)
-    def test_answers_name_their_messages(self, preprocessors, engine):
+    def test_the_newest_answer_and_the_count(self, preprocessors, engine):
         spans = preprocess(preprocessors[engine], "chatml", conversation("a", "b")).prompt_spans
-        assert [a["message"] for a in spans["answers"]] == [2, 4]
+        assert [a["message"] for a in spans["answers"]] == [4]
+        assert spans["assistants"] == 2
 
 
 class TestWithout:
@@ -105,7 +108,8 @@ CORPUS = Path(__file__).parents[3] / "data" / "fidelity" / "corpus.jsonl"
 
 class TestCorpus:
     """Over the fidelity corpus (split on "\\n": its strings hold U+2028): every
-    chat case with spans splices exactly; only answers given as parts go without."""
+    chat case with spans splices its newest answer exactly; only answers given as
+    parts go without."""
 
     @pytest.mark.parametrize("engine", ENGINES)
     @pytest.mark.parametrize("model", MODELS)
@@ -126,12 +130,12 @@ class TestCorpus:
                 without.append(case["name"])
                 continue
             ids, changed = list(result.token_ids), [dict(m) for m in messages]
-            for answer in reversed(result.prompt_spans["answers"]):
-                if "before" in answer:
-                    text = f"Another answer {answer['message']}."
-                    frame = answer["before"] + text + answer["after"]
-                    ids[answer["start"] : answer["end"]] = pre._models[model].encode(frame)
-                    changed[answer["message"]]["content"] = text
+            (answer,) = result.prompt_spans["answers"]
+            if "before" in answer:
+                text = f"Another answer {answer['message']}."
+                frame = answer["before"] + text + answer["after"]
+                ids[answer["start"] : answer["end"]] = pre._models[model].encode(frame)
+                changed[answer["message"]]["content"] = text
             wanted = pre.preprocess(
                 Route.CHAT, json.dumps({**body, "messages": changed}).encode(), 0
             )
