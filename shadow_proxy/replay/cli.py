@@ -91,6 +91,7 @@ def _url(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
+    from shadow_proxy.replay.options import add_closed_loop_arguments
     from shadow_proxy.replay.request import DEFAULT_REQUEST_ID_HEADER
     from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES
     from shadow_proxy.replay.verdicts import (
@@ -224,28 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency samples kept for percentiles and plots (a uniform sample past N) "
         "[%(default)s]",
     )
-    parser.add_argument(
-        "--closed-loop",
-        action="store_true",
-        help="within a conversation, send turn k+1 with the candidate's own answer to turn k "
-        "(as the template renders it) the recorded think time after the candidate's turn k "
-        "ended; needs --tokenizer",
-    )
-    parser.add_argument(
-        "--warmup",
-        type=non_negative(int),
-        default=0,
-        metavar="N",
-        help="replay the first N records without counting them anywhere [%(default)s]",
-    )
-    parser.add_argument(
-        "--warmup-s",
-        type=non_negative(),
-        default=0.0,
-        metavar="S",
-        help="replay the records that arrived within S s of the first without counting "
-        "them [%(default)s]",
-    )
+    add_closed_loop_arguments(parser)
     return parser
 
 

@@ -1,13 +1,16 @@
 """What a replay run is given besides its records: ``ReplayOptions`` (one field
-per ``shadow-replay`` option), and the tokenizer ``--tokenizer`` names."""
+per ``shadow-replay`` option), the tokenizer ``--tokenizer`` names, and the
+closed-loop options' arguments."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from shadow_proxy.arguments import non_negative
 from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
 from shadow_proxy.replay.request import DEFAULT_REQUEST_ID_HEADER
 from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES
@@ -65,3 +68,29 @@ def load_tokenizer(path: Path) -> Any:
         msg = f"'--tokenizer' must name a tokenizer.json or a directory holding one (got {path})"
         raise ValueError(msg)
     return Tokenizer.from_file(str(file))
+
+
+def add_closed_loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--closed-loop``, ``--warmup``, ``--warmup-s`` (docs/replay.md, "Closed loop")."""
+    parser.add_argument(
+        "--closed-loop",
+        action="store_true",
+        help="within a conversation, send turn k+1 with the candidate's own answer to turn k "
+        "(as the template renders it) the recorded think time after the candidate's turn k "
+        "ended; needs --tokenizer",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=non_negative(int),
+        default=0,
+        metavar="N",
+        help="replay the first N records without counting them anywhere [%(default)s]",
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=non_negative(),
+        default=0.0,
+        metavar="S",
+        help="replay the records that arrived within S s of the first without counting "
+        "them [%(default)s]",
+    )
