@@ -326,6 +326,8 @@ FIELD_DECISIONS: Mapping[str, _Decision] = {
     "image_cache_scope": _image_cache_scope,
     "mdc_sum": _mdc_sum,
     "request_timestamp_ms": _keep_if_set,
+    # Token positions and the template's own text around answers, no client text.
+    "prompt_spans": _keep_if_set,
 }
 
 #: Fields a record carries even when empty (Dynamo's reader requires them).

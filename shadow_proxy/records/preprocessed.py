@@ -32,6 +32,10 @@ class PreprocessedRequest:
     image_cache_scope: str | None = None
     mdc_sum: str | None = None
     request_timestamp_ms: int | float | None = None
+    #: Where the prompt's assistant answers sit (``worker/request/spans.py``), for
+    #: ``shadow-replay --closed-loop``; None when unknown. An extension of this
+    #: sidecar (Dynamo's request has no such field).
+    prompt_spans: dict[str, Any] | None = None
 
     @property
     def has_multimodal(self) -> bool:

@@ -91,6 +91,7 @@ def _url(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from shadow_proxy.replay.client import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S
+    from shadow_proxy.replay.options import add_closed_loop_arguments
     from shadow_proxy.replay.request import DEFAULT_REQUEST_ID_HEADER
     from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES
     from shadow_proxy.replay.verdicts import (
@@ -236,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency samples kept for percentiles and plots (a uniform sample past N) "
         "[%(default)s]",
     )
+    add_closed_loop_arguments(parser)
     from shadow_proxy.replay import service
 
     service.add_arguments(parser)
@@ -361,6 +363,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             live=source.live,
             score=args.score,
             score_top_k=args.score_top_k,
+            closed_loop=args.closed_loop,
+            warmup=args.warmup,
+            warmup_s=args.warmup_s,
         )
         command = shlex.join(["shadow-replay", *args_list])
         live = (

@@ -316,6 +316,7 @@ class CandidateClient:
             itl_ms=mean_itl_ms(stream.first_ns, stream.last_ns, max(own, default=0)),
             e2e_ms=(end - started) / 1e6,
             prompt_tokens=prompt if isinstance(prompt, int) else None,
+            cached_tokens=_cached_tokens(usage),
             http_status=status,
             error=stream.error,
             upstream_id=stream.upstream_id,
@@ -366,3 +367,9 @@ def _error_message(body: bytes, status: int) -> str:
         if isinstance(value.get("message"), str):
             return _clip(value["message"])
     return _clip(body.decode("utf-8", "replace"))
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int | None:
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else None

@@ -77,6 +77,8 @@ class Observation:
     e2e_ms: float | None = None
     #: ``usage.prompt_tokens`` as the deployment reported it.
     prompt_tokens: int | None = None
+    #: ``usage.prompt_tokens_details.cached_tokens``, where the deployment reports it.
+    cached_tokens: int | None = None
     http_status: int | None = None
     error: str | None = None
     #: The response ``id`` the deployment gave (joins its logs and traces).

@@ -22,6 +22,7 @@ import numpy as np
 from shadow_proxy.replay import score_report
 from shadow_proxy.replay.scores import ScoreTally
 from shadow_proxy.replay.stats import METRICS, Tally
+from shadow_proxy.replay.turns_report import closed_loop_section
 
 PAIRS = "pairs.jsonl"
 SUMMARY = "summary.json"
@@ -57,13 +58,17 @@ def write_report(
     run: Mapping[str, Any],
     command: str,
     scores: ScoreTally | None = None,
+    closed_loop: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """summary.json, report.md and the plots (with ``scores``: its section,
-    score.png and the summary's ``score``); returns the summary."""
+    """summary.json, report.md and the plots; returns the summary (with
+    ``scores``: its section, score.png and the summary's ``score``; with
+    ``closed_loop``, ``--closed-loop``'s own figures)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {**tally.summary(), "run": dict(run)}
     if scores is not None:
         summary["score"] = scores.summary()
+    if closed_loop is not None:
+        summary["closed_loop"] = dict(closed_loop)
     partial = out_dir / f".{SUMMARY}.{os.getpid()}.tmp"
     partial.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     os.replace(partial, out_dir / SUMMARY)
@@ -163,6 +168,8 @@ def markdown(summary: Mapping[str, Any], command: str, plots: Sequence[str]) -> 
         ]
     lines += _error_section(summary, baseline)
     lines += _latency_section(summary, baseline)
+    if "closed_loop" in summary:
+        lines += closed_loop_section(summary["closed_loop"], run.get("warmup"))
     lines += ["", "## Differences per request", ""]
     note = (
         "counted = the candidate differs and the baseline does not (noise = both differ)"

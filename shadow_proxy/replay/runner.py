@@ -30,21 +30,17 @@ import datetime
 import sys
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any, Protocol, TextIO, TypeVar
-
-import attrs
 
 from shadow_proxy.records.limits import Limited, reading_progress
 from shadow_proxy.replay.client import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_READ_TIMEOUT_S,
     CandidateClient,
 )
+from shadow_proxy.replay.closed_loop import ClosedLoop
 from shadow_proxy.replay.compare import Observation, compare, primary_observation
+from shadow_proxy.replay.options import ReplayOptions, load_tokenizer
 from shadow_proxy.replay.report import PairsWriter, write_report
 from shadow_proxy.replay.request import (
-    DEFAULT_REQUEST_ID_HEADER,
     CandidateRequest,
     Skip,
     build_request,
@@ -52,10 +48,8 @@ from shadow_proxy.replay.request import (
 from shadow_proxy.replay.schedule import ScheduleConfig, Scheduler
 from shadow_proxy.replay.scorer import Scorer, score_record
 from shadow_proxy.replay.scores import ScoreTally
-from shadow_proxy.replay.stats import DEFAULT_MAX_SAMPLES, Samples, Tally
+from shadow_proxy.replay.stats import Samples, Tally
 from shadow_proxy.replay.verdicts import (
-    DEFAULT_MAX_ERROR_RATE,
-    DEFAULT_MIN_DIFF_MS,
     default_tolerance,
 )
 from shadow_proxy.replay.window import PairObserver
@@ -85,57 +79,6 @@ def _unwrap(record: Record) -> tuple[Mapping[str, Any], Ack | None]:
     if isinstance(record, Mapping):
         return record, None
     return record.envelope, record.ack
-
-
-@attrs.frozen
-class ReplayOptions:
-    """Everything a run needs besides its records."""
-
-    candidate: str
-    #: None: no pairs.jsonl nor report (the live service without ``--out``).
-    out_dir: Path | None
-    baseline: str | None = None
-    #: None: ``--speed max``.
-    speed: float | None = 1.0
-    concurrency: int = 16
-    max_lag_s: float = 5.0
-    model: str | None = None
-    compare: bool = True
-    live: bool = False
-    #: None: ``verdicts.default_tolerance`` (5% with a baseline, 50% without).
-    tolerance: float | None = None
-    min_diff_ms: float = DEFAULT_MIN_DIFF_MS
-    tokenizer: Path | None = None
-    request_id_header: str = DEFAULT_REQUEST_ID_HEADER
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
-    max_samples: int = DEFAULT_MAX_SAMPLES
-    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
-    #: Read at most this many records / for this long (None: to the source's end).
-    max_records: int | None = None
-    duration_s: float | None = None
-    #: ``--score``: teacher-forced scoring on the candidate and the baseline (K: top-K).
-    score: bool = False
-    score_top_k: int = 10
-
-    @property
-    def targets(self) -> dict[str, str]:
-        """The deployments requests go to, by name."""
-        out = {"candidate": self.candidate}
-        if self.baseline and self.compare:
-            out["baseline"] = self.baseline
-        return out
-
-
-def load_tokenizer(path: Path) -> Any:
-    """``tokenizers.Tokenizer`` from a model directory's tokenizer.json (or the file)."""
-    from tokenizers import Tokenizer
-
-    file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        msg = f"'--tokenizer' must name a tokenizer.json or a directory holding one (got {path})"
-        raise ValueError(msg)
-    return Tokenizer.from_file(str(file))
 
 
 class Replay:
@@ -173,6 +116,20 @@ class Replay:
             self._late,
         )
         self._tokenizer = load_tokenizer(options.tokenizer) if options.tokenizer else None
+        self._loop: ClosedLoop | None = None
+        if options.closed_loop:
+            if self._tokenizer is None:
+                msg = "'--closed-loop' needs '--tokenizer': answers are re-encoded in their frame"
+                raise ValueError(msg)
+            tokenizer = self._tokenizer
+            self._loop = ClosedLoop(
+                self._build,
+                self._send_turn,
+                lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
+                options.speed,
+            )
+        self._warm_sent = 0
+        self._warm_first: int | None = None
         self._candidate: CandidateClient | None = None
         self._baseline: CandidateClient | None = None
         self._pairs: PairsWriter | None = None
@@ -258,7 +215,11 @@ class Replay:
         progress = asyncio.create_task(self._progress(started)) if self.err.isatty() else None
         failure: BaseException | None = None
         try:
-            await self.scheduler.run(self._items(records))
+            if self._loop is None:
+                await self.scheduler.run(self._items(records))
+            else:
+                await self.scheduler.run(self._items(self._loop.first_turns(records)))
+                await self._loop.drain()
             stopped_by = limited.stopped_by or "end"
         except asyncio.CancelledError:
             stopped_by = "signal"
@@ -275,6 +236,8 @@ class Replay:
                 with contextlib.suppress(asyncio.CancelledError):
                     await progress
                 print(file=self.err)
+            if self._loop is not None:
+                self._loop.cancel()
             if self._pairs is not None:
                 self._pairs.close()
             await self._candidate.close()
@@ -303,12 +266,20 @@ class Replay:
             "stopped_by": stopped_by,
             "complete": stopped_by not in ("signal", "error"),
         }
+        if o.warmup or o.warmup_s:
+            run["warmup"] = {"records": o.warmup, "seconds": o.warmup_s}
+            run["warmup"]["excluded"] = self._warm_sent
         if error is not None:
             run["error"] = error
+        closed = None if self._loop is None else self._loop.summary()
         if o.out_dir is None:
             summary = {**self.tally.summary(), "run": run}
+            if closed is not None:
+                summary["closed_loop"] = closed
         else:
-            summary = write_report(o.out_dir, self.tally, run, self.command, self.scores)
+            summary = write_report(
+                o.out_dir, self.tally, run, self.command, self.scores, closed_loop=closed
+            )
         if failure is not None:
             raise failure
         return summary
@@ -316,12 +287,9 @@ class Replay:
     async def _items(
         self, records: AsyncIterable[Record]
     ) -> AsyncIterator[tuple[Item, int | None]]:
-        o = self.options
         async for record in records:
             envelope, ack = _unwrap(record)
-            built = build_request(
-                envelope, model=o.model, compare=o.compare, request_id_header=o.request_id_header
-            )
+            built = self._build(envelope)
             if isinstance(built, Skip):
                 self.skip(built.reason)
                 if ack is not None:
@@ -336,20 +304,54 @@ class Replay:
         if self.observer is not None:
             self.observer.skipped(reason)
 
+    def _build(self, envelope: Mapping[str, Any]) -> CandidateRequest | Skip:
+        o = self.options
+        return build_request(
+            envelope, model=o.model, compare=o.compare, request_id_header=o.request_id_header
+        )
+
     async def _late(self, item: Item) -> None:
         self.skip("late")
+        if self._loop is not None:
+            self._loop.done(item[0], None)
         ack = item[2]
         if ack is not None:  # counted: handled (a late record is not sent again)
             await ack()
 
+    async def _send_turn(self, record: Record, request: CandidateRequest) -> None:
+        envelope, ack = _unwrap(record)
+        await self._send((envelope, request, ack))
+
     async def _send(self, item: Item) -> None:
         envelope, request, ack = item
-        await self._replay(envelope, request)
+        candidate = None
+        try:
+            candidate = await self._replay(envelope, request)
+        finally:
+            if self._loop is not None:
+                self._loop.done(envelope, candidate)
         if ack is not None:
             await ack()  # its pair line is written
 
-    async def _replay(self, envelope: Mapping[str, Any], request: CandidateRequest) -> None:
+    def _warming(self, envelope: Mapping[str, Any]) -> bool:
+        """Whether this record is part of the warm-up (and left out of the counts)."""
+        o = self.options
+        arrival = envelope.get("arrival_unix_ns")
+        if self._warm_first is None and isinstance(arrival, int):
+            self._warm_first = arrival
+        warm = self._warm_sent < o.warmup or (
+            o.warmup_s > 0
+            and isinstance(arrival, int)
+            and self._warm_first is not None
+            and arrival - self._warm_first < o.warmup_s * 1e9
+        )
+        self._warm_sent += warm
+        return warm
+
+    async def _replay(self, envelope: Mapping[str, Any], request: CandidateRequest) -> Observation:
         assert self._candidate is not None
+        if self._loop is not None:
+            self._loop.sending(envelope)
         if self._baseline is None:
             candidate = await self._candidate.send(request)
             baseline: Observation | None = None
@@ -375,21 +377,31 @@ class Replay:
             "prompt_tokens": request.prompt_tokens,
             "sent_ids": {target: request.sent_id(target) for target in self.options.targets},
         }
+        warm = self._warming(envelope)
+        if self._loop is not None:
+            line.update(self._loop.line(envelope))
+        if warm:
+            line["warmup"] = True
+            self._write({**line, "candidate": candidate.to_json()})
+            return candidate
         if not self.options.compare:
             self.tally.add(None, candidate, None)
             if self.observer is not None:
                 self.observer.pair(request, None, candidate, None, None, None)
-            if self._pairs is not None:
-                self._pairs.write({**line, "candidate": candidate.to_json()})
-            return
+            if self._loop is not None:
+                self._loop.observe(envelope, None, candidate)
+            self._write({**line, "candidate": candidate.to_json()})
+            return candidate
         primary = primary_observation(envelope)
+        if self._loop is not None:
+            self._loop.observe(envelope, primary, candidate)
         diff = compare(primary, candidate, request.prompt_tokens)
         base_diff = None if baseline is None else compare(primary, baseline, request.prompt_tokens)
         judged = self.tally.add(primary, candidate, diff, baseline, base_diff)
         if self.observer is not None:
             self.observer.pair(request, primary, candidate, diff, baseline, base_diff)
         if self._pairs is None:
-            return
+            return candidate
         line.update(primary=primary.to_json(), candidate=candidate.to_json())
         line["candidate_diff"] = diff.to_json()
         if baseline is not None and base_diff is not None:
@@ -403,6 +415,12 @@ class Replay:
                 *scorers, self.scores, envelope, request, exact, lengths
             )
         self._pairs.write(line)
+        return candidate
+
+    def _write(self, line: Mapping[str, Any]) -> None:
+        """One pairs.jsonl line (none without ``--out``: the live service)."""
+        if self._pairs is not None:
+            self._pairs.write(line)
 
     async def _progress(self, started: float) -> None:
         while True:

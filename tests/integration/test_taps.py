@@ -118,6 +118,7 @@ TOKENS_ONLY_ALLOWED = {
     "output_options",
     "eos_token_ids",
     "request_timestamp_ms",
+    "prompt_spans",  # token positions and the template's text (closed-loop replay)
 }
 STOP_CONDITION_KEYS = {
     "max_tokens",

@@ -54,7 +54,8 @@ SKIP_VLLM_ENV = "SHADOW_PROXY_SKIP_VLLM"
 FLEET: dict[str, dict[str, Any]] = {
     "llama": {"kv_cache_gib": 1, "tools": True},
     "llama-tools": {"num_blocks": 192, "tools": True},
-    "llama-other": {},
+    # Prompt-token details: the closed-loop replay reports the cached share per turn.
+    "llama-other": {"extra_args": ("--enable-prompt-tokens-details",)},
     "llama-noisy": {},
 }
 #: What a bare ``vllm`` marker needs.

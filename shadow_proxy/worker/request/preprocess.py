@@ -161,8 +161,9 @@ class Preprocessor:
         chat = route is not Route.COMPLETIONS
 
         multi_modal_data: dict[str, Any] = {}
+        spans = None
         if chat:
-            token_ids = chat_tokens(model, request, nvext, multi_modal_data)
+            token_ids, spans = chat_tokens(model, request, nvext, multi_modal_data)
         else:
             token_ids = completion_tokens(model, request, multi_modal_data)
 
@@ -192,4 +193,5 @@ class Preprocessor:
             image_cache_scope=context.get("session_id"),
             mdc_sum=model.mdc_sum,
             request_timestamp_ms=arrival_unix_ns // 1_000_000 if timestamp is None else timestamp,
+            prompt_spans=spans,
         )

@@ -9,6 +9,7 @@ is. NUL characters are stripped before encoding, as Dynamo does.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from shadow_proxy.worker.budget import chat_text_over, text_over
@@ -17,6 +18,7 @@ from shadow_proxy.worker.request.fields import (
     Reject,
     is_int,
 )
+from shadow_proxy.worker.request.spans import answer_spans
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 
 #: Key of ``multi_modal_data`` that holds completions' ``prompt_embeds`` (base64).
@@ -31,7 +33,9 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 
 def chat_tokens(
     model: LoadedModel, request: dict, nvext: dict, multi_modal_data: dict
-) -> list[int]:
+) -> tuple[list[int], dict[str, Any] | None]:
+    """The prompt's ids, and where its assistant answers sit (``spans.answer_spans``;
+    None when there are none or they cannot be placed exactly)."""
     messages = request.get("messages")
     if messages is None or messages == []:
         raise Reject("missing_messages")
@@ -52,7 +56,7 @@ def chat_tokens(
         raise Reject("invalid_field")
     token_data = token_list(nvext.get("token_data")) if "token_data" in nvext else None
     if token_data is not None:  # pre-tokenized by an external router: Dynamo skips encoding
-        return token_data
+        return token_data, None
     if model.chat_template is None:
         raise Reject("template_error")
     limit = model.max_prompt_bytes
@@ -69,7 +73,38 @@ def chat_tokens(
         raise
     except Exception:  # the template failed (raise_exception included): the frontend's 400
         raise Reject("template_error") from None
-    return encode(model, text, keep_nul=vllm)
+    ids = encode(model, text, keep_nul=vllm)
+    return ids, _spans(model, request, messages, text, ids)
+
+
+def _spans(
+    model: LoadedModel, request: dict, messages: list, text: str, ids: list[int]
+) -> dict[str, Any] | None:
+    template = model.chat_template
+    if template is None or model.backend is None:
+        return None
+    vllm = model.template_engine == "jinja2"
+
+    def render_prefix(k: int, content: str | None) -> str:
+        prefix = messages[:k]
+        if content is not None:
+            prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
+        return template.render({**request, "messages": prefix, "add_generation_prompt": False})
+
+    def encode_text(piece: str) -> list[int]:
+        return model.encode(piece if vllm or "\0" not in piece else piece.replace("\0", ""))
+
+    added = _added_tokens(model.backend)
+    try:
+        return answer_spans(messages, text, ids, render_prefix, encode_text, added)
+    except Exception:  # spans are a help for replay; the record goes out without them
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _added_tokens(backend: Any) -> tuple[str, ...]:
+    """The text of the tokenizer's added tokens, once per tokenizer."""
+    return tuple(token.content for token in backend.get_added_tokens_decoder().values())
 
 
 def _check_message(message: Any) -> None:

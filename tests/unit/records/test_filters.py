@@ -50,6 +50,7 @@ def full_request(**overrides) -> PreprocessedRequest:
         "image_cache_scope": "sess-1",
         "mdc_sum": "abc123",
         "request_timestamp_ms": 1_700_000_000_000,
+        "prompt_spans": {"answers": [{"message": 1, "start": 3, "end": 9}]},
     }
     fields.update(overrides)
     return PreprocessedRequest(**fields)
@@ -181,6 +182,7 @@ class TestProjection:
             "output_options",
             "eos_token_ids",
             "request_timestamp_ms",
+            "prompt_spans",  # token positions and the template's text: closed-loop replay
         }
 
     def test_empty_optional_fields_are_left_out(self):

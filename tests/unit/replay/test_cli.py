@@ -101,6 +101,21 @@ class TestArguments:
         assert main(args) == 2
         assert "'--tokenizer' must name a tokenizer.json" in capsys.readouterr().err
 
+    def test_closed_loop_needs_a_tokenizer(self, tmp_path: Path, capsys) -> None:
+        path = write_records(tmp_path / "r.rec", [])
+        assert main([str(path), "--candidate", "http://u", "--out", "o", "--closed-loop"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            "shadow-replay: '--closed-loop' needs '--tokenizer': answers are re-encoded in "
+            "their frame"
+        ]
+
+    def test_closed_loop_values(self) -> None:
+        args = build_parser().parse_args(
+            ["r", "--candidate", "http://u", "--out", "o", "--closed-loop", "--warmup", "5"]
+        )
+        assert (args.closed_loop, args.warmup, args.warmup_s) == (True, 5, 0.0)
+
     @pytest.mark.parametrize("option", ["--candidate", "--baseline"])
     def test_url_without_scheme(self, option: str, capsys) -> None:
         """``127.0.0.1:PORT`` failed every request (NonHttpUrlClientError): now one line."""
