@@ -171,6 +171,39 @@ class SSEParser:
             self._extend_line(rest)
         return events
 
+    def whole_data(self, chunk: bytes) -> list[bytes] | None:
+        """When ``chunk`` is nothing but whole one-line ``data`` events (each
+        ``data:`` + value + ``\\n\\n``, no ``\\r``) and no event is under way:
+        their values as bytes (one space after the colon removed), counted as
+        dispatched, exactly what ``feed`` would make of them. Otherwise None, and
+        nothing changed: ``feed`` then reads the chunk."""
+        if (
+            self._tail
+            or self._skip_lf
+            or self._pending_bom
+            or self._discarding
+            or self._skip_line
+            or self._data
+            or self._event
+            or self._comments
+            or not chunk.endswith(b"\n\n")
+            or not chunk.startswith(b"data:")
+            or b"\r" in chunk
+        ):
+            return None
+        events = chunk.split(b"\n\n")
+        events.pop()  # the empty piece after the last blank line
+        if chunk.count(b"\n") != 2 * len(events):
+            return None
+        values = []
+        limit = self.max_event_bytes - LINE_OVERHEAD
+        for line in events:
+            if not line.startswith(b"data:") or len(line) > limit:
+                return None
+            values.append(line[6:] if line[5:6] == b" " else line[5:])
+        self.events += len(values)
+        return values
+
     def close(self) -> None:
         """End of stream: an event without its closing blank line is discarded."""
         if self._data or self._event or self._comments or self._tail or self._discarding:
