@@ -178,22 +178,26 @@ class SSEParser:
         dispatched, exactly what ``feed`` would make of them. Otherwise None, and
         nothing changed: ``feed`` then reads the chunk."""
         if (
-            self._tail
+            self._size  # an event under way (each of its lines counted in _size)
+            or self._tail
             or self._skip_lf
             or self._pending_bom
             or self._discarding
             or self._skip_line
-            or self._data
-            or self._event
-            or self._comments
             or not chunk.endswith(b"\n\n")
             or not chunk.startswith(b"data:")
             or b"\r" in chunk
         ):
             return None
+        lines = chunk.count(b"\n")
+        if lines == 2:  # one event: the usual chunk
+            if len(chunk) - 2 > self.max_event_bytes - LINE_OVERHEAD:
+                return None
+            self.events += 1
+            return [chunk[6:-2] if chunk[5] == 0x20 else chunk[5:-2]]
         events = chunk.split(b"\n\n")
         events.pop()  # the empty piece after the last blank line
-        if chunk.count(b"\n") != 2 * len(events):
+        if lines != 2 * len(events):
             return None
         values = []
         limit = self.max_event_bytes - LINE_OVERHEAD

@@ -153,8 +153,7 @@ class Joiner:
                 head.offset_ns,
                 head.sent_offset_ns,
             )
-        for chunk, offset in zip(data, offsets, strict=True):
-            recorder.feed(chunk, offset)
+        recorder.feed_many(data, offsets)
 
     def on_request(self, message: Request) -> None:
         route = message.route
