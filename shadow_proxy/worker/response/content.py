@@ -76,18 +76,20 @@ class BodyContent:
             return
         if event.event != "message":
             return  # annotations and other named events carry no output
-        self.json_data(event.data, offset_ns)
+        self.data(event.data, offset_ns)
 
-    def data(self, data: bytes, offset_ns: int) -> None:
-        """A ``message`` event's data as bytes (``SSEParser.whole_data``; not for
-        ``/v1/responses``): the fast path (``fast_chunk.py``) when it can read
-        the chunk, else the general one, on the text ``SSEParser.feed`` gives."""
-        if data == b"[DONE]":
+    def data(self, data: bytes | str, offset_ns: int) -> None:
+        """A ``message`` event's data, as bytes (``SSEParser.whole_data``) or as
+        the text ``SSEParser.feed`` gives; not for ``/v1/responses``. The fast
+        path (``fast_chunk.py``) when it can read the chunk, else the general one
+        (on the text: invalid UTF-8 as U+FFFD)."""
+        if data == b"[DONE]" or data == "[DONE]":
             self.done = True
             return
         read = read_chunk(data, self.route, self.choices)
         if read is None:
-            self.json_data(data.decode("utf-8", "replace"), offset_ns)
+            text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+            self.json_data(text, offset_ns)
             return
         upstream_id, carried, malformed = read
         if self.upstream_id is None:

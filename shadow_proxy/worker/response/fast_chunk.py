@@ -71,7 +71,7 @@ _DECODER = msgspec.json.Decoder(Chunk)
 
 
 def read_chunk(
-    data: bytes, route: Route, table: ChoiceTable
+    data: bytes | str, route: Route, table: ChoiceTable
 ) -> tuple[str | None, bool, int] | None:
     """Read one streamed chunk into ``table``: its ``id``, whether a choice carried
     output, and how many malformed token-id lists it held; None (``table``

@@ -45,10 +45,20 @@ def general(data: bytes, route: Route, choices: ChoiceTable) -> tuple[Any, ...] 
 
 
 def same_as_general(data: bytes, route: Route) -> bool:
-    """Asserts the fast path agrees with the general one; True when it took the chunk."""
+    """Asserts the fast path agrees with the general one, on the bytes and on the
+    text the SSE parser gives (invalid UTF-8 as U+FFFD); True when it took them."""
+    text = data.decode("utf-8", "replace")
+    taken = one_same_as_general(data, data, route)
+    from_text = one_same_as_general(text, data, route)
+    if data == text.encode():  # valid UTF-8: the same decision on the text
+        assert from_text == taken
+    return taken
+
+
+def one_same_as_general(given: bytes | str, data: bytes, route: Route) -> bool:
     fast_table, slow_table = table(), table()
     for _ in range(2):  # twice: the second chunk meets the state the first left
-        fast = read_chunk(data, route, fast_table)
+        fast = read_chunk(given, route, fast_table)
         if fast is None:
             assert state(fast_table) == state(table()), "a chunk left to the general path"
             return False
