@@ -24,10 +24,9 @@ from __future__ import annotations
 import msgspec
 
 from shadow_proxy.exchange import Route
+from shadow_proxy.worker.response.chat_object import MAX_ID_CHARS
 from shadow_proxy.worker.response.choices import ChoiceTable
 
-#: Ids and finish reasons are kept to this many characters (as ``chat_object``).
-MAX_ID_CHARS = 256
 NULL = msgspec.Raw(b"null")
 
 

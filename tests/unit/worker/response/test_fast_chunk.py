@@ -208,3 +208,10 @@ class TestLeftToTheGeneralPath:
         assert read_chunk(data, Route.CHAT, table()) == (None, False, 1)
         assert same_as_general(data, Route.CHAT)
         assert same_as_general(b'{"choices":[{"index":0,"token_ids":[4294967295]}]}', Route.CHAT)
+
+    def test_long_ids_and_reasons_are_cut_alike(self) -> None:
+        long = "r" * 300
+        data = json.dumps(
+            {"id": long, "choices": [{"index": 0, "delta": {}, "finish_reason": long}]}
+        ).encode()
+        assert same_as_general(data, Route.CHAT)
