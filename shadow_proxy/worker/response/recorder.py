@@ -6,7 +6,8 @@ for each body chunk (exact read boundaries, still content-encoded, with its
 monotonic offset from arrival), ``finish`` with the ``EndKind`` when the exchange
 is over, however it ended. ``finish`` returns an ``ObservedResponse``
 (``observed.py``); the outcome rules are ``outcome.py``, the content decoding
-``decoding.py``, the SSE framing ``sse.py``.
+``decoding.py``, the SSE framing ``sse.py``, what the events and body say
+``content.py``.
 
 What is read from the body: each chat or completions object per choice
 (``chat_object.py``: text, tool calls, upstream token ids, content chunks,
@@ -45,21 +46,17 @@ measured by ``bench/recorder_memory.py`` (figures in docs/metrics.md, "Bounds").
 
 from __future__ import annotations
 
-import json
 import time
-from array import array
-from typing import Any
 
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.worker.budget import WorkBudget
 from shadow_proxy.worker.response import outcome
-from shadow_proxy.worker.response.chat_object import read_object
 from shadow_proxy.worker.response.choices import ChoiceTable
+from shadow_proxy.worker.response.content import BodyContent
 from shadow_proxy.worker.response.decoding import BodyDecoder, DecodeError, for_header
 from shadow_proxy.worker.response.observed import ObservedResponse, without_none
-from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message, event_error
-from shadow_proxy.worker.response.responses_events import ResponsesReader
-from shadow_proxy.worker.response.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent, SSEParser
+from shadow_proxy.worker.response.outcome import clip
+from shadow_proxy.worker.response.sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -71,6 +68,10 @@ DEFAULT_MAX_TOKEN_IDS_TOTAL = 1 << 21
 DEFAULT_MAX_UNARY_BYTES = 16 * MIB
 DEFAULT_MAX_CHUNK_OFFSETS = 1 << 18
 DEFAULT_MAX_CHOICES = 128
+#: The CPU deadline is checked once this many decoded bytes were read since the last
+#: check: after every piece a compressed chunk decodes to (``DECODE_STEP``, 256 KiB),
+#: once per ~300 events of a plain stream (reading the clock costs what an event does).
+CLOCK_BYTES = 64 * KIB
 
 
 class ResponseRecorder:
@@ -104,7 +105,6 @@ class ResponseRecorder:
         self.chunk_timing = chunk_timing
         self._max_event_bytes = max_event_bytes
         self._max_unary = max_unary_bytes
-        self._max_offsets = max_chunk_offsets
         #: Work budget: bytes a content-encoded body may decode to (None: no bound).
         self._max_decoded = max_decoded_bytes
         self._decoded = 0
@@ -112,8 +112,10 @@ class ResponseRecorder:
         self._max_events = max_events
         self._events = 0
         #: Work budget: the ``time.thread_time()`` past which the body is read no
-        #: further (checked between decoded pieces), and the reason then given.
-        self.cpu_deadline: float | None = None
+        #: further (``cpu_deadline``, checked after the first piece read once it is
+        #: set, then per ``CLOCK_BYTES``), and the reason then given.
+        self._deadline: float | None = None
+        self._unclocked = 0  # decoded bytes read since the clock was last read
         self.cpu_reason = "work budget: CPU time"
         #: Why the body was read no further (a work budget), or None; and which
         #: budget.
@@ -142,19 +144,20 @@ class ResponseRecorder:
             max_token_ids_total=max_token_ids_total,
             max_choices=max_choices,
         )
-        self._upstream_id: str | None = None
-        self._usage: dict[str, Any] | None = None
-        self._error: str | None = None
-        self._first: int | None = None
-        self._last: int | None = None
-        self._offsets: array[int] = array("q")
-        self._dropped_offsets = 0
-        self._malformed = 0
         self._undecodable = 0
         self._problem: str | None = None
-        self._done = False
-        #: ``/v1/responses``: typed events and the response object have their own reader.
-        self._responses = ResponsesReader(self._choices) if route is Route.RESPONSES else None
+        self._content = BodyContent(
+            route, self._choices, chunk_timing=chunk_timing, max_chunk_offsets=max_chunk_offsets
+        )
+
+    @property
+    def cpu_deadline(self) -> float | None:
+        return self._deadline
+
+    @cpu_deadline.setter
+    def cpu_deadline(self, deadline: float | None) -> None:
+        self._deadline = deadline
+        self._unclocked = CLOCK_BYTES  # the next piece read checks it
 
     # -- the three calls ------------------------------------------------------------
 
@@ -195,7 +198,7 @@ class ResponseRecorder:
             self._undecodable += len(data)
             return
         limit = self._max_decoded if self._decoder.kind != "identity" else None
-        deadline = self.cpu_deadline
+        deadline = self._deadline
         try:
             for piece in self._decoder.decode(data):
                 if limit is not None:
@@ -209,7 +212,13 @@ class ResponseRecorder:
                 self._consume(piece, offset_ns)
                 if self._ignoring:
                     return
-                if deadline is not None and time.thread_time() > deadline:
+                if deadline is None:
+                    continue
+                self._unclocked += len(piece)
+                if self._unclocked < CLOCK_BYTES:
+                    continue
+                self._unclocked = 0
+                if time.thread_time() > deadline:
                     self.give_up(self.cpu_reason, WorkBudget.CPU)
                     return
         except DecodeError as exc:
@@ -217,6 +226,46 @@ class ResponseRecorder:
             self._undecodable += len(data)
             self._problem = clip(f"corrupt {self._encoding} body: {exc}")
             self._body = None
+
+    def feed_many(self, data: list[bytes], offsets: list[int]) -> None:
+        """``feed`` of each chunk in turn (the same record, for less CPU): a chunk of
+        an unencoded stream that holds only whole one-line data events
+        (``SSEParser.whole_data``, Dynamo's and vLLM's chunks) is read here
+        without ``feed``'s steps; any other goes through ``feed``."""
+        sse = self._sse
+        content = self._content
+        decoder = self._decoder
+        if sse is None or content.responses is not None or decoder is None:
+            for chunk, offset in zip(data, offsets, strict=True):
+                self.feed(chunk, offset)
+            return
+        identity = decoder.kind == "identity"
+        limit = self._max_events
+        for chunk, offset in zip(data, offsets, strict=True):
+            if self._result is not None or self._ignoring:
+                return
+            values = sse.whole_data(chunk) if identity else None
+            if values is None:
+                self.feed(chunk, offset)
+                continue
+            self._last_offset = offset
+            count = len(values)
+            self._events += count
+            if limit is not None and self._events > limit:
+                for value in values[: max(0, limit - self._events + count)]:
+                    content.data(value, offset)
+                self._over_events()
+                return
+            for value in values:
+                content.data(value, offset)
+            deadline = self._deadline
+            if deadline is not None:
+                self._unclocked += len(chunk)
+                if self._unclocked >= CLOCK_BYTES:
+                    self._unclocked = 0
+                    if time.thread_time() > deadline:
+                        self.give_up(self.cpu_reason, WorkBudget.CPU)
+                        return
 
     def give_up(self, reason: str, budget: WorkBudget) -> None:
         """Read no more of the body (``budget`` is spent): the record carries what
@@ -239,42 +288,56 @@ class ResponseRecorder:
         if self._sse is not None:
             self._sse.close()
         elif self._body is not None and self._problem is None:
-            self._parse_unary(self._body, self._last_offset)
+            self._content.unary(self._body, self._last_offset, self._status)
             self._body = None
-        if self._responses is not None:
-            self._take(self._responses)
+        content = self._content
+        content.settle()
         outcome, error = self._outcome(end, detail)
         sse = self._sse
         self._result = ObservedResponse(
             outcome=outcome,
             http_status=self._status,
             error=error,
-            upstream_id=self._upstream_id,
-            usage=without_none(self._usage) if self._usage else None,
+            upstream_id=content.upstream_id,
+            usage=without_none(content.usage) if content.usage else None,
             choices=self._choices.observed(),
-            first_token_offset_ns=self._first,
-            last_token_offset_ns=self._last,
+            first_token_offset_ns=content.first,
+            last_token_offset_ns=content.last,
             end_offset_ns=offset_ns,
             upstream_sent_offset_ns=self._sent,
             streamed=None if self._status is None else sse is not None,
-            chunk_offsets_ns=self._offsets,
+            chunk_offsets_ns=content.offsets,
             end=end,
             n=self.n,
             events=sse.events if sse else 0,
-            malformed_events=self._malformed,
+            malformed_events=content.malformed,
             oversized_events=sse.oversized_events if sse else 0,
             truncated_events=sse.truncated_events if sse else 0,
             ignored_choices=self._choices.ignored,
             undecodable_bytes=self._undecodable,
             body_problem=self._problem,
-            done_seen=self._done,
-            dropped_chunk_offsets=self._dropped_offsets,
+            done_seen=content.done,
+            dropped_chunk_offsets=content.dropped_offsets,
         )
         self._choices.clear()
         self._sse = None
         return self._result
 
     # -- body ----------------------------------------------------------------------
+
+    def _room(self, events: int) -> int:
+        """Count ``events`` more; how many of them the events budget still takes."""
+        before = self._events
+        self._events += events
+        limit = self._max_events
+        return events if limit is None else max(0, min(events, limit - before))
+
+    def _over_events(self) -> None:
+        limit = self._max_events
+        self.give_up(
+            f"work budget: over {limit} events, more than max_tokens accounts for",
+            WorkBudget.EVENTS,
+        )
 
     def _consume(self, piece: bytes, offset_ns: int) -> None:
         if self._sniff:
@@ -285,16 +348,22 @@ class ResponseRecorder:
             else:
                 self._body = bytearray()
         if self._sse is not None:
-            limit = self._max_events
+            content = self._content
+            # Whole one-line data events (Dynamo's and vLLM's chunks): their bytes,
+            # without an SSEEvent each; anything else through the full parser.
+            values = self._sse.whole_data(piece) if content.responses is None else None
+            if values is not None:
+                room = self._room(len(values))
+                for value in values[:room] if room < len(values) else values:
+                    content.data(value, offset_ns)
+                if room < len(values):
+                    self._over_events()
+                return
             for event in self._sse.feed(piece):
-                self._events += 1
-                if limit is not None and self._events > limit:
-                    self.give_up(
-                        f"work budget: over {limit} events, more than max_tokens accounts for",
-                        WorkBudget.EVENTS,
-                    )
+                if not self._room(1):
+                    self._over_events()
                     return
-                self._on_event(event, offset_ns)
+                content.event(event, offset_ns)
         elif self._body is not None:
             if len(self._body) + len(piece) > self._max_unary:
                 self._problem = f"body over {self._max_unary} bytes"
@@ -302,93 +371,6 @@ class ResponseRecorder:
                 self._ignoring = True
             else:
                 self._body += piece
-
-    def _on_event(self, event: SSEEvent, offset_ns: int) -> None:
-        if event.event == "error":
-            self._set_error(event_error(event.data, event.comments))
-            return
-        if self._responses is not None:
-            if self._responses.event(event.event, event.data):
-                self._content_at(offset_ns)
-            return
-        if event.event != "message":
-            return  # annotations and other named events carry no output
-        data = event.data
-        if data == "[DONE]":
-            self._done = True
-            return
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            self._malformed += 1
-            return
-        if not isinstance(obj, dict):
-            self._malformed += 1
-            return
-        self._on_object(obj, offset_ns, stream=True)
-
-    def _set_error(self, message: str) -> None:
-        if self._error is None:
-            self._error = message
-
-    def _parse_unary(self, body: bytearray, offset_ns: int | None) -> None:
-        if not body or body.isspace():
-            return
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            self._malformed += 1
-            if self._status is not None and self._status >= 400:
-                text = body[: MAX_ERROR_CHARS * 4].decode("utf-8", "replace").strip()
-                self._set_error(clip(text))
-            return
-        if not isinstance(obj, dict):
-            self._malformed += 1
-            return
-        status_error = self._status is not None and self._status >= 400
-        message = error_message(obj, detail=status_error)
-        if message is not None:
-            self._set_error(message)
-        if self._responses is None:
-            self._on_object(obj, offset_ns, stream=False)
-        elif self._responses.body(obj) and offset_ns is not None:
-            self._content_at(offset_ns)
-
-    def _take(self, reader: ResponsesReader) -> None:
-        """What the Responses reader saw, as the chat parsing would have set it."""
-        if reader.error is not None:
-            self._set_error(reader.error)
-        self._upstream_id = self._upstream_id or reader.response_id
-        self._usage = reader.usage or self._usage
-        self._malformed += reader.malformed
-        self._done = self._done or reader.done
-
-    # -- one chunk or body -------------------------------------------------------------
-
-    def _on_object(self, obj: dict[str, Any], offset_ns: int | None, *, stream: bool) -> None:
-        error, upstream_id, usage, carried, malformed = read_object(
-            obj, self.route, self._choices, stream=stream
-        )
-        if error is not None:
-            self._set_error(error)
-        if self._upstream_id is None:
-            self._upstream_id = upstream_id
-        if usage is not None:
-            self._usage = usage
-        self._malformed += malformed
-        if carried and offset_ns is not None:
-            self._content_at(offset_ns)
-
-    def _content_at(self, offset_ns: int) -> None:
-        """A chunk carrying output arrived ``offset_ns`` after the request."""
-        if self._first is None:
-            self._first = offset_ns
-        self._last = offset_ns
-        if self.chunk_timing:
-            if len(self._offsets) < self._max_offsets:
-                self._offsets.append(offset_ns)
-            else:
-                self._dropped_offsets += 1
 
     # -- the end ----------------------------------------------------------------------
 
@@ -399,7 +381,7 @@ class ResponseRecorder:
             end,
             detail,
             status=self._status,
-            error=self._error,
+            error=self._content.error,
             finished=finished,
             n=self.n,
             problem=problem,

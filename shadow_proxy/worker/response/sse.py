@@ -171,6 +171,43 @@ class SSEParser:
             self._extend_line(rest)
         return events
 
+    def whole_data(self, chunk: bytes) -> list[bytes] | None:
+        """When ``chunk`` is nothing but whole one-line ``data`` events (each
+        ``data:`` + value + ``\\n\\n``, no ``\\r``) and no event is under way:
+        their values as bytes (one space after the colon removed), counted as
+        dispatched, exactly what ``feed`` would make of them. Otherwise None, and
+        nothing changed: ``feed`` then reads the chunk."""
+        if (
+            self._size  # an event under way (each of its lines counted in _size)
+            or self._tail
+            or self._skip_lf
+            or self._pending_bom
+            or self._discarding
+            or self._skip_line
+            or not chunk.endswith(b"\n\n")
+            or not chunk.startswith(b"data:")
+            or b"\r" in chunk
+        ):
+            return None
+        lines = chunk.count(b"\n")
+        if lines == 2:  # one event: the usual chunk
+            if len(chunk) - 2 > self.max_event_bytes - LINE_OVERHEAD:
+                return None
+            self.events += 1
+            return [chunk[6:-2] if chunk[5] == 0x20 else chunk[5:-2]]
+        events = chunk.split(b"\n\n")
+        events.pop()  # the empty piece after the last blank line
+        if lines != 2 * len(events):
+            return None
+        values = []
+        limit = self.max_event_bytes - LINE_OVERHEAD
+        for line in events:
+            if not line.startswith(b"data:") or len(line) > limit:
+                return None
+            values.append(line[6:] if line[5:6] == b" " else line[5:])
+        self.events += len(values)
+        return values
+
     def close(self) -> None:
         """End of stream: an event without its closing blank line is discarded."""
         if self._data or self._event or self._comments or self._tail or self._discarding:

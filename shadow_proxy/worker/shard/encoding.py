@@ -33,14 +33,22 @@ MAX_DEPTH = 128
 _MIN_INT, _END_INT = -(2**63), 2**64
 
 
-def encode_record(envelope: Mapping[str, Any]) -> EncodedRecord:
+#: A list at least this long in the request map (the prompt's token ids) is packed
+#: once per request: the other taps' records reuse its bytes.
+SHARED_LIST = 256
+#: Packed lists by ``id``, with the list itself (so that the id stays its own).
+Packed = dict[int, tuple[list, bytes]]
+
+
+def encode_record(envelope: Mapping[str, Any], packed: Packed | None = None) -> EncodedRecord:
     """The envelope's MessagePack without its seq's value (the envelope must have a
-    ``seq`` key; its value is not read); see the module docstring. Raises
-    ``WireError``."""
+    ``seq`` key; its value is not read); see the module docstring. ``packed``:
+    the request's long lists packed so far (one dict per request, kept by the
+    caller), filled here. Raises ``WireError``."""
     if "seq" not in envelope:
         raise WireError("encode", "an envelope has a 'seq'")
     try:
-        return _encode(envelope)
+        return _encode(envelope, packed)
     except WireError:
         pass
     fixed, causes = _sanitized(envelope)
@@ -50,9 +58,10 @@ def encode_record(envelope: Mapping[str, Any]) -> EncodedRecord:
     return _encode(fixed)
 
 
-def _encode(envelope: Mapping[str, Any]) -> EncodedRecord:
+def _encode(envelope: Mapping[str, Any], packed: Packed | None = None) -> EncodedRecord:
     """As ``records.wire.encode_envelope`` encodes the map (bin for bytes, maps
-    stay maps), packed item by item: the bytes before the ``seq`` value, and after."""
+    stay maps), packed item by item: the bytes before the ``seq`` value, and after.
+    A map packed item by item is the bytes of one ``pack`` of it."""
     packer = msgpack.Packer(use_bin_type=True)
     parts = [packer.pack_map_header(len(envelope))]
     head = None
@@ -61,12 +70,26 @@ def _encode(envelope: Mapping[str, Any]) -> EncodedRecord:
             parts.append(packer.pack(key))
             if key == "seq" and head is None:
                 head, parts = b"".join(parts), []
+            elif key == "request" and packed is not None and type(value) is dict:
+                parts.append(packer.pack_map_header(len(value)))
+                for name, item in value.items():
+                    parts.append(packer.pack(name))
+                    parts.append(_pack_shared(packer, item, packed))
             else:
                 parts.append(packer.pack(value))
     except (TypeError, ValueError, OverflowError) as exc:
         raise WireError("encode", f"cannot encode envelope: {exc}") from exc
     assert head is not None  # encode_record checked
     return EncodedRecord(head, b"".join(parts))
+
+
+def _pack_shared(packer: msgpack.Packer, value: Any, packed: Packed) -> bytes:
+    if type(value) is not list or len(value) < SHARED_LIST:
+        return packer.pack(value)
+    hit = packed.get(id(value))
+    if hit is None or hit[0] is not value:
+        hit = packed[id(value)] = (value, packer.pack(value))
+    return hit[1]
 
 
 def _fix_str(value: str, causes: set[str]) -> str:

@@ -43,7 +43,7 @@ from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 from shadow_proxy.worker.response.batch import for_prompt
 from shadow_proxy.worker.response.recorder import ResponseRecorder
-from shadow_proxy.worker.shard.encoding import encode_record
+from shadow_proxy.worker.shard.encoding import Packed, encode_record
 from shadow_proxy.worker.shard.metrics import JoinerMetrics
 from shadow_proxy.worker.sink import RecordSink
 
@@ -87,6 +87,9 @@ class Pending:
     #: Pending, the one tracked) the Pendings of the other prompts, in order.
     prompt_index: int | None = None
     batch: list[Pending] = attrs.field(factory=list)
+    #: The request map's long lists (the prompt's ids) as packed for the first
+    #: record, reused by the others (``encoding.encode_record``).
+    packed: Packed = attrs.field(factory=dict)
 
     def parts(self) -> list[Pending]:
         """The Pending of each record this request yields, in prompt order."""
@@ -153,8 +156,7 @@ class Joiner:
                 head.offset_ns,
                 head.sent_offset_ns,
             )
-        for chunk, offset in zip(data, offsets, strict=True):
-            recorder.feed(chunk, offset)
+        recorder.feed_many(data, offsets)
 
     def on_request(self, message: Request) -> None:
         route = message.route
@@ -228,6 +230,7 @@ class Joiner:
                 # Only the prompt-token check waits for the end: keep the request slim.
                 part.pre = None
                 part.projections.clear()
+                part.packed.clear()
         self.track(message.key, pending)
 
     def track(self, key: bytes, pending: Pending) -> None:
@@ -370,7 +373,7 @@ class Joiner:
             prompt_index=pending.prompt_index,
         )
         try:
-            record = encode_record(envelope)
+            record = encode_record(envelope, pending.packed)
         except (WireError, RecursionError):
             self.sink.drop(tap.index, DropReason.ENCODE_ERROR)
             return

@@ -44,6 +44,31 @@ class TestNotMirrored:
         assert preprocessor.preprocess(route, body, ARRIVAL_NS) == NotMirrored(reason)
 
     @pytest.mark.parametrize(
+        ("text", "lone"),
+        [
+            (r"\ud800", True),
+            (r"\udc00", True),
+            (r"a\ud83d", True),
+            (r"\ud83d\u0041", True),
+            (r"\ude00\ud83d", True),
+            (r"\ud83d\ude00\udc00", True),
+            (r"\ud83d\ude00", False),  # a pair: one character
+            (r"\uD83D\uDE00", False),
+            (r"\\ud800", False),  # a backslash, then text
+        ],
+    )
+    @pytest.mark.parametrize("big", ["", ', "seed": 1e400'])  # msgspec refuses 1e400
+    def test_lone_surrogates(self, preprocessor, text, lone, big):
+        """A lone surrogate anywhere is refused as the frontend refuses it; a pair is not."""
+        message = '{"role": "user", "content": "' + text + '"}'
+        body = ('{"model": "chatml", "messages": [' + message + "]" + big + "}").encode()
+        result = preprocessor.preprocess(Route.CHAT, body, ARRIVAL_NS)
+        if lone:
+            assert result == NotMirrored("invalid_json")
+        else:
+            assert result != NotMirrored("invalid_json")
+
+    @pytest.mark.parametrize(
         "field",
         [
             {"temperature": "hot"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from typing import Any
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.worker.response.recorder import ResponseRecorder
+from tests.support import ROOT
 from tests.support.responses import (
     CHAT_STREAM,
     JSON,
@@ -280,3 +282,48 @@ class TestAnySplit:
     @given(cuts=st.lists(st.integers(min_value=0, max_value=len(GZIPPED)), max_size=20))
     def test_gzip(self, cuts: list[int]) -> None:
         assert _same_offset_record(_split(GZIPPED, cuts), "gzip") == REFERENCE
+
+
+class TestFeedMany:
+    """``feed_many`` of a message's chunks gives the very record ``feed`` of each does,
+    for any chunking, any budget, and the Dynamo capture."""
+
+    CAPTURE = (ROOT / "tests" / "data" / "dynamo" / "chat_stream_usage.sse").read_bytes()
+
+    @staticmethod
+    def observed(chunks: list[bytes], batch: int, many: bool, **caps: Any) -> Any:
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=True, **caps)
+        recorder.head(200, "text/event-stream", "", 1)
+        for start in range(0, len(chunks), batch):
+            part = chunks[start : start + batch]
+            offsets = list(range(start, start + len(part)))
+            if many:
+                recorder.feed_many(part, offsets)
+            else:
+                for chunk, offset in zip(part, offsets, strict=True):
+                    recorder.feed(chunk, offset)
+        return recorder.finish(EndKind.CLEAN, 10_000), recorder.gave_up
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        cuts=st.lists(st.integers(0, 4000), max_size=12),
+        events=st.sampled_from([None, 3, 9]),
+        batch=st.integers(1, 5),
+        whole=st.booleans(),
+    )
+    def test_same_record(self, cuts, events, batch, whole) -> None:
+        body = self.CAPTURE
+        if whole:  # at event boundaries, as Dynamo's chunks come
+            pieces = [e + b"\n\n" for e in body.split(b"\n\n") if e]
+            chunks = []
+            for size in [1 + c % 3 for c in cuts] + [1] * len(pieces):
+                if pieces:
+                    chunks.append(b"".join(pieces[:size]))
+                    del pieces[:size]
+        else:
+            bounds = sorted({c % len(body) for c in cuts} | {0, len(body)})
+            chunks = [body[a:b] for a, b in itertools.pairwise(bounds)]
+        caps = {"max_events": events}
+        assert self.observed(chunks, batch, True, **caps) == self.observed(
+            chunks, batch, False, **caps
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shadow_proxy.worker.response.sse import LINE_OVERHEAD, MAX_COMMENTS, SSEEvent, SSEParser
@@ -196,3 +196,50 @@ class TestBounds:
     def test_comments_kept_per_event_are_capped(self) -> None:
         events, _ = parse(b": c\n" * 100 + b"event: error\n\n", max_event_bytes=1000)
         assert events == [SSEEvent("", "error", "", ("c",) * MAX_COMMENTS)]
+
+
+LINES = [
+    b"data: {}",
+    b"data:x",
+    b"data:",
+    b"data: " + b"y" * 40,
+    b"event: error",
+    b": keep-alive",
+    b"id: 7",
+    b"",
+    b"data: a\r",
+    b"\xef\xbb\xbfdata: bom",
+]
+
+
+class TestWholeData:
+    """``whole_data`` takes a chunk only when it is whole one-line data events, and
+    then gives what ``feed`` would: the same values, the same count."""
+
+    @settings(max_examples=300, deadline=None)
+    @example(before=[], chunk=[b"data: a\r"], end=b"\n\n", cap=1 << 20)  # \r\n is one end
+    @example(before=[b"data: x"], chunk=[b"data: a"], end=b"\n\n", cap=1 << 20)  # joined
+    @example(before=[], chunk=[b"data: " + b"y" * 40], end=b"\n\n", cap=LINE_OVERHEAD + 20)
+    @given(
+        before=st.lists(st.sampled_from(LINES), max_size=4),
+        chunk=st.lists(st.sampled_from(LINES), min_size=1, max_size=6),
+        end=st.sampled_from([b"\n", b"\n\n", b""]),
+        cap=st.sampled_from([1 << 20, LINE_OVERHEAD + 20]),
+    )
+    def test_same_as_feed(self, before, chunk, end, cap) -> None:
+        fast, slow = SSEParser(cap), SSEParser(cap)
+        opening = b"\n".join(before) + b"\n" if before else b": hello\n\n"
+        fast.feed(opening)
+        slow.feed(opening)
+        data = b"\n".join(chunk) + end
+        values = fast.whole_data(data)
+        events = slow.feed(data)
+        if values is None:  # nothing taken: feed reads it all, as if never offered
+            assert fast.feed(data) == events
+        else:
+            assert values == [e.data.encode() for e in events]
+            assert all(e.event == "message" and not e.comments for e in events)
+        assert (fast.events, fast.oversized_events) == (slow.events, slow.oversized_events)
+        fast.close()
+        slow.close()
+        assert fast.truncated_events == slow.truncated_events

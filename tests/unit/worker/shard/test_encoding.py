@@ -101,3 +101,36 @@ class TestSeqLeftToTheSink:
     def test_an_envelope_has_a_seq(self) -> None:
         with pytest.raises(WireError, match="seq"):
             encoding.encode_record({"tap": "kv"})
+
+
+class TestPackedOnce:
+    """A request's long lists are packed once for all its records, the bytes unchanged."""
+
+    def test_same_bytes_and_packed_once(self) -> None:
+        ids = list(range(1_000))
+        kv = {"schema_version": 1, "tap": "kv", "seq": None, "request": {"token_ids": ids}}
+        replay = {
+            **kv,
+            "tap": "replay",
+            "request": {"model": "m", "token_ids": ids, "stop": list(range(300))},
+            "response": {"choices": [{"token_ids": list(range(400))}]},
+        }
+        packed: encoding.Packed = {}
+        first = encoding.encode_record(kv, packed).with_seq(3)
+        assert list(packed) == [id(ids)]
+        ids_bytes = packed[id(ids)][1]
+        second = encoding.encode_record(replay, packed).with_seq(4)
+        assert packed[id(ids)][1] is ids_bytes, "the shared ids were packed again"
+        assert len(packed) == 2  # the stop list too; the response's lists are not kept
+        assert first == encoding.encode_record(kv).with_seq(3) == encode_envelope({**kv, "seq": 3})
+        assert second == encode_envelope({**replay, "seq": 4})
+
+    def test_another_list_of_the_same_id_is_packed_anew(self) -> None:
+        packed: encoding.Packed = {}
+        encoding.encode_record({"seq": None, "request": {"token_ids": list(range(300))}}, packed)
+        other = {"seq": None, "request": {"token_ids": list(range(5, 305))}}
+        stale = next(iter(packed))
+        packed[id(other["request"]["token_ids"])] = packed.pop(stale)  # as if an id were reused
+        assert encoding.encode_record(other, packed).with_seq(0) == encode_envelope(
+            {**other, "seq": 0}
+        )

@@ -1,0 +1,178 @@
+"""Where a shard's CPU goes on multi-turn traffic: cProfile of one shard's work in
+one process (no sockets, no frontend).
+
+The multiturn regime's conversations (``worker_multiturn.conversations``), each
+turn's answer streamed back in Dynamo's chunk shape (one ``data:`` event per
+token, ``usage`` in the last chunk) and resent as history, through a ``Joiner``
+with the reference taps: hand-off messages encoded and decoded as the shard gets
+them. Prints the CPU per request, split into request and response side, and the
+top functions::
+
+    .venv/bin/python -m bench.worker_profile --conversations 4 --answer-tokens 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import random
+import time
+from typing import Any
+
+from bench.services import MODEL_DIR, MODEL_NAME
+from bench.worker_multiturn import conversations
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Request
+from shadow_proxy.config import Config
+from shadow_proxy.devtools.reference_taps import proxy_config, reference_taps
+from shadow_proxy.exchange import EndKind, Route
+from shadow_proxy.worker import messages
+from shadow_proxy.worker.main.tap_queue import TapQueues
+from shadow_proxy.worker.shard.joiner import Joiner
+from shadow_proxy.worker.shard.models import load_models
+
+HEAD = Head(200, 1_000, "text/event-stream", "")
+#: Events per hand-off message (the serving loop batches a stream's chunks).
+EVENTS_PER_MESSAGE = 16
+
+
+def dynamo_stream(pieces: list[str], prompt_tokens: int) -> list[bytes]:
+    """One answer as Dynamo 1.6.1 streams it: a role chunk, a chunk per token, the
+    finish, the usage chunk, ``[DONE]``; one body chunk per event."""
+    rid = "chatcmpl-aedfb782-0d4e-43df-b602-248f61c88d6b"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        obj = {
+            "id": rid,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+            if "usage" not in extra
+            else [],
+            "created": 1796073640,
+            "model": MODEL_NAME,
+            "object": "chat.completion.chunk",
+            **extra,
+        }
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        return b"data: " + text.encode() + b"\n\n"
+
+    out = [chunk({"role": "assistant"})]
+    out += [chunk({"content": piece}) for piece in pieces]
+    out.append(chunk({}, "length"))
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": len(pieces),
+        "total_tokens": prompt_tokens + len(pieces),
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    out.append(chunk({}, usage=usage))
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+class TokenizerClock:
+    """The tokenizer, with the thread CPU time its batch encodes took."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.seconds = 0.0
+
+    def encode_batch_fast(self, texts: list[str], **options: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return self.tokenizer.encode_batch_fast(texts, **options)
+        finally:
+            self.seconds += time.thread_time() - started
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.tokenizer, name)
+
+
+def messages_for(n: int, body: dict[str, Any], stream: list[bytes]) -> list[list[bytes]]:
+    """The hand-off messages of one exchange, as frames."""
+    key = KEY.pack(n)
+    now = time.monotonic_ns()
+    raw = json.dumps(body).encode()
+    out = [Request(key, Route.CHAT, time.time_ns(), now, 0, f"req-{n}", raw, b"").encode()]
+    for start in range(0, len(stream) - 2, EVENTS_PER_MESSAGE):
+        part = stream[start : min(start + EVENTS_PER_MESSAGE, len(stream) - 2)]
+        offsets = [2_000 + start + i for i in range(len(part))]
+        out.append(Chunks(key, HEAD if start == 0 else None, offsets, part).encode())
+    out.append(End(key, EndKind.CLEAN, 9_000_000, None, "", [8_000, 8_001], stream[-2:]).encode())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument(
+        "--answer-tokens", type=int, default=0, help="0: as the bench asks (the reply's words)"
+    )
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--side", choices=("all", "request", "chunks", "end"), default="all")
+    parser.add_argument("--sort", default="tottime", choices=("tottime", "cumulative", "none"))
+    args = parser.parse_args()
+    # As the pool starts each shard (``worker/main/shards.py``): the tokenizer on one
+    # thread (read when the tokenizer first runs).
+    os.environ.update(RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    taps = reference_taps([f"inproc://tap{i}" for i in range(2)])
+    config = Config.from_mapping(
+        proxy_config("http://127.0.0.1:9", models={MODEL_NAME: str(MODEL_DIR)}, taps=taps)
+    )
+    models = load_models(config)
+    clock = TokenizerClock(models[MODEL_NAME].backend)
+    models[MODEL_NAME].prompt_encoder.tokenizer = clock
+    joiner = Joiner(config, models, TapQueues(config.taps))
+    tokenizer = models[MODEL_NAME].backend
+    rng = random.Random(1)
+    vocab = tokenizer.get_vocab_size()
+    exchanges = []
+    n = events = 0
+    for talk in conversations(args.conversations, seed=0):
+        history: list[dict[str, Any]] = [{"role": "system", "content": talk.system}]
+        for user, reply in talk.turns:
+            history.append({"role": "user", "content": user})
+            tokens = args.answer_tokens or len(reply.split())
+            ids = [rng.randrange(1000, vocab - 1000) for _ in range(tokens)]
+            pieces = [tokenizer.decode([i]) for i in ids]
+            events += len(pieces) + 2
+            body = {
+                "model": MODEL_NAME,
+                "messages": list(history),
+                "max_tokens": tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            n += 1
+            exchanges.append(messages_for(n, body, dynamo_stream(pieces, 1000)))
+            history.append({"role": "assistant", "content": "".join(pieces)})
+    sides = {"request": 0.0, "chunks": 0.0, "end": 0.0}
+    profiler = cProfile.Profile()
+    profile = args.sort != "none"
+    for frames_list in exchanges:
+        for i, frames in enumerate(frames_list):
+            side = "request" if i == 0 else "end" if i == len(frames_list) - 1 else "chunks"
+            on = profile and args.side in ("all", side)
+            started = time.thread_time()
+            if on:
+                profiler.enable()
+            joiner.handle(messages.decode_for_shard(frames))  # type: ignore[arg-type]
+            if on:
+                profiler.disable()
+            sides[side] += time.thread_time() - started
+    requests = len(exchanges)
+    per = {k: 1000 * v / requests for k, v in sides.items()}
+    print(
+        f"{requests} requests; CPU per request (ms{', profiled' if profile else ''}): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in per.items())
+        + f"; chunks per event {1e6 * sides['chunks'] / events:.2f} µs"
+        + f" ({events / requests:.0f} events per request);"
+        + f" tokenizer {1000 * clock.seconds / requests:.2f} ms of it"
+    )
+    if profile:
+        pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
