@@ -71,23 +71,37 @@ def bench_envelope(
     """Joined record ``k``: a prompt of ``prompt_tokens`` ids, ``ids`` as the primary's output."""
     prompt = [(k * 7 + j) % 30000 + 100 for j in range(prompt_tokens)]
     return {
-        "schema_version": 1, "tap": "bench", "seq": k, "request_id": f"bench-{k}",
-        "origin": "completions", "filters": [], "arrival_unix_ns": arrival_ns,
+        "schema_version": 1,
+        "tap": "bench",
+        "seq": k,
+        "request_id": f"bench-{k}",
+        "origin": "completions",
+        "filters": [],
+        "arrival_unix_ns": arrival_ns,
         "request": {
-            "model": "deepseek", "token_ids": prompt,
+            "model": "deepseek",
+            "token_ids": prompt,
             "stop_conditions": {"max_tokens": max_tokens},
-            "sampling_options": {}, "output_options": {},
+            "sampling_options": {},
+            "output_options": {},
         },
         "response": {
             "outcome": "complete",
-            "choices": [{"index": 0, "finish_reason": "length",
-                         "output_tokens": max_tokens, "token_ids": ids}],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "length",
+                    "output_tokens": max_tokens,
+                    "token_ids": ids,
+                }
+            ],
             "output_tokens": max_tokens,
-            "first_token_offset_ns": 5_000_000, "last_token_offset_ns": 50_000_000,
+            "first_token_offset_ns": 5_000_000,
+            "last_token_offset_ns": 50_000_000,
             "end_offset_ns": 51_000_000,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens},
         },
-    }  # fmt: skip
+    }
 
 
 def write_records(path: Path, args: argparse.Namespace) -> None:
@@ -105,9 +119,19 @@ def write_records(path: Path, args: argparse.Namespace) -> None:
 
 def one_round(records: Path, url: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     argv = [
-        sys.executable, "-m", "shadow_proxy.replay.cli", str(records), "--candidate", url,
-        "--out", str(out), "--speed", "max", "--concurrency", str(args.concurrency),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "shadow_proxy.replay.cli",
+        str(records),
+        "--candidate",
+        url,
+        "--out",
+        str(out),
+        "--speed",
+        "max",
+        "--concurrency",
+        str(args.concurrency),
+    ]
     if args.no_compare:
         argv.append("--no-compare")
     else:
@@ -138,14 +162,35 @@ def aiperf_argv(url: str, args: argparse.Namespace, tokenizer: str, artifacts: P
     """AIPerf driving the same frontend the same way: completions, streaming, the
     same concurrency, request count, prompt and output lengths."""
     return [
-        "profile", "--model", "deepseek", "--tokenizer", tokenizer, "--url", url,
-        "--endpoint-type", "completions", "--streaming",
-        "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
-        "--synthetic-input-tokens-mean", str(args.prompt_tokens),
-        "--synthetic-input-tokens-stddev", "0",
-        "--output-tokens-mean", str(args.max_tokens), "--output-tokens-stddev", "0",
-        "--extra-inputs", "ignore_eos:true", "--artifact-dir", str(artifacts), "--ui-type", "none",
-    ]  # fmt: skip
+        "profile",
+        "--model",
+        "deepseek",
+        "--tokenizer",
+        tokenizer,
+        "--url",
+        url,
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--concurrency",
+        str(args.concurrency),
+        "--request-count",
+        str(args.requests),
+        "--synthetic-input-tokens-mean",
+        str(args.prompt_tokens),
+        "--synthetic-input-tokens-stddev",
+        "0",
+        "--output-tokens-mean",
+        str(args.max_tokens),
+        "--output-tokens-stddev",
+        "0",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--artifact-dir",
+        str(artifacts),
+        "--ui-type",
+        "none",
+    ]
 
 
 def aiperf_command(url: str, args: argparse.Namespace) -> str:
@@ -165,14 +210,25 @@ def aiperf_round(url: str, out: Path, args: argparse.Namespace) -> dict[str, Any
     shutil.copytree(MODEL, entry / "snapshots" / revision)
     (entry / "refs").mkdir()
     (entry / "refs" / "main").write_text(revision)
-    env = {**os.environ, "HF_HOME": str(out / "hf"), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "HOME": str(out)}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HOME": str(out / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HOME": str(out),
+    }
     env.pop("VIRTUAL_ENV", None)
     argv = [str(AIPERF), *aiperf_argv(url, args, "shadow-proxy/deepseek", out / "artifacts")]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    subprocess.run(_pinned(argv, args.replay_cpus), check=True, cwd=out, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run(
+        _pinned(argv, args.replay_cpus),
+        check=True,
+        cwd=out,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -199,8 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-ms", type=float, default=0.0)
     parser.add_argument("--itl-ms", type=float, default=0.0)
     parser.add_argument("--no-compare", action="store_true")
-    parser.add_argument("--no-aiperf", action="store_true",
-                        help="do not run AIPerf beside each round (.aiperf/venv)")  # fmt: skip
+    parser.add_argument(
+        "--no-aiperf",
+        action="store_true",
+        help="do not run AIPerf beside each round (.aiperf/venv)",
+    )
     parser.add_argument("--frontend-cpus", help="taskset list for the frontend, e.g. 0")
     parser.add_argument("--replay-cpus", help="taskset list for shadow-replay, e.g. 1")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -210,10 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     port = reserve_port()
     url = f"http://127.0.0.1:{port}"
     frontend_argv = cli_argv(
-        "mock-frontend", "--port", str(port), "--model", f"deepseek={MODEL}",
-        "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms),
-        "--default-max-tokens", str(args.max_tokens), log_level=None,
-    )  # fmt: skip
+        "mock-frontend",
+        "--port",
+        str(port),
+        "--model",
+        f"deepseek={MODEL}",
+        "--ttft-ms",
+        str(args.ttft_ms),
+        "--itl-ms",
+        str(args.itl_ms),
+        "--default-max-tokens",
+        str(args.max_tokens),
+        log_level=None,
+    )
     cpus = args.frontend_cpus if args.frontend_cpus and shutil.which("taskset") else None
     with Child("frontend", frontend_argv, scratch, cpus=cpus, merge_output=True) as frontend:
         asyncio.run(wait_http_ok(url + "/health", 60, children=[frontend]))

@@ -267,8 +267,12 @@ def _latency_section(summary: Mapping[str, Any], baseline: bool) -> list[str]:
                 _pcts(entry.get("baseline")),
                 f"{offset} {_ci(entry.get('baseline_ratio_p50_ci95'))}",
             ]
-        row += [_fmt(judged.get("ratio_p50")), _ci(judged.get("ci95")), judged.get("n"),
-                entry["verdict"]]  # fmt: skip
+        row += [
+            _fmt(judged.get("ratio_p50")),
+            _ci(judged.get("ci95")),
+            judged.get("n"),
+            entry["verdict"],
+        ]
         rows.append(row)
     lines += _table(head, rows)
     tolerance = summary["tolerance"]
@@ -308,8 +312,7 @@ def command_footer(fig: Any, command: str) -> None:
     lines = textwrap.wrap(f"produced by: {command}", columns)
     if len(lines) > 3:
         lines = [*lines[:2], lines[2][: columns - 3] + "..."]
-    fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, family="monospace",
-             va="bottom")  # fmt: skip
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=FOOTER_POINTS, family="monospace", va="bottom")
 
 
 def plot(out_dir: Path, tally: Tally, command: str) -> list[str]:

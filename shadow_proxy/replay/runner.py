@@ -188,8 +188,9 @@ class Replay:
         """``records`` up to ``--max-records`` / ``--duration``. A caller that
         reorders records (files) limits before, so that no more than N are read,
         and passes the result to ``run`` as ``limited``."""
-        return Limited(records, max_records=self.options.max_records,
-                       duration_s=self.options.duration_s)  # fmt: skip
+        return Limited(
+            records, max_records=self.options.max_records, duration_s=self.options.duration_s
+        )
 
     async def run(
         self,

@@ -31,10 +31,21 @@ class Consumer:
         self.records = out / "records"
         self.records.mkdir()
         argv = [
-            "--endpoint", endpoint, "--topic", topic, "--interval", "0.1",
-            "--summary-path", str(self.summary), "--record", str(self.records / "joined.rec"),
-            "--record-max-bytes", str(max_bytes), "--record-keep", "1000",
-        ]  # fmt: skip
+            "--endpoint",
+            endpoint,
+            "--topic",
+            topic,
+            "--interval",
+            "0.1",
+            "--summary-path",
+            str(self.summary),
+            "--record",
+            str(self.records / "joined.rec"),
+            "--record-max-bytes",
+            str(max_bytes),
+            "--record-keep",
+            "1000",
+        ]
         self.sink = sink = open(os.devnull, "w")  # noqa: SIM115
         self.thread = threading.Thread(
             target=run_consumer, args=(argv,), kwargs={"stop": self.stop, "out": sink, "err": sink}
@@ -69,9 +80,15 @@ async def capture(
     settings (default: the tests' priority, ``servers.TEST_WORKER``)."""
     endpoint = f"tcp://127.0.0.1:{reserve_port()}"
     taps = [
-        {"name": "joined", "topic": "joined", "capture": "request_response", "emit": "joined",
-         "endpoint": endpoint, "capacity": 4096},
-    ]  # fmt: skip
+        {
+            "name": "joined",
+            "topic": "joined",
+            "capture": "request_response",
+            "emit": "joined",
+            "endpoint": endpoint,
+            "capacity": 4096,
+        },
+    ]
     config = proxy_config(upstream, models=list(models), taps=taps, worker=worker or {})
     consumer = Consumer(endpoint, "joined", out, max_bytes)
     try:

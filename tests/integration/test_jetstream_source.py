@@ -98,11 +98,23 @@ class TestDeliveries:
 
     async def test_transport_fields_and_heartbeats(self, nats_server):
         async with shadow_stream(nats_server.urls) as js:
-            headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "9", "Shadow-Seq": "3",
-                       "Shadow-Transport-Seq": "41"}  # fmt: skip
+            headers = {
+                "Shadow-Tap": TAP,
+                "Shadow-Publisher-Id": "9",
+                "Shadow-Seq": "3",
+                "Shadow-Transport-Seq": "41",
+            }
             await js.publish(SUBJECT, synthetic_payload(TAP, 3), headers=headers)
-            beat = Heartbeat(tap=TAP, publisher_id=9, next_seq=4, last_transport_sequence=41,
-                             queued=0, published=4, dropped={}, publish_errors=0)  # fmt: skip
+            beat = Heartbeat(
+                tap=TAP,
+                publisher_id=9,
+                next_seq=4,
+                last_transport_sequence=41,
+                queued=0,
+                published=4,
+                dropped={},
+                publish_errors=0,
+            )
             beat_headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "9"}
             await js.publish(heartbeat_topic(SUBJECT), beat.encode(), headers=beat_headers)
 
@@ -207,8 +219,9 @@ class TestRefused:
 
     async def test_no_stream_yet_is_waited_for(self, nats_server):
         lines: list[str] = []
-        source = JetStreamSource(nats_server.urls, "LATER", TAP, "d", wait_for_stream=True,
-                                 log=lines.append)  # fmt: skip
+        source = JetStreamSource(
+            nats_server.urls, "LATER", TAP, "d", wait_for_stream=True, log=lines.append
+        )
         opening = asyncio.create_task(source.open())
         try:
             await wait_until(lambda: lines, timeout=30, what="the waiting line")
@@ -226,13 +239,18 @@ class TestRefused:
         finally:
             opening.cancel()
             await source.aclose()
-        assert lines == [f"no JetStream stream 'LATER' at {nats_server.urls[0]} yet: "
-                         "waiting for a proxy to create it"]  # fmt: skip
+        assert lines == [
+            f"no JetStream stream 'LATER' at {nats_server.urls[0]} yet: "
+            "waiting for a proxy to create it"
+        ]
 
     async def test_nothing_on_the_subject_names_what_the_stream_holds(self, nats_server):
         async with shadow_stream(nats_server.urls) as js:
-            await js.publish("shadow.custom-topic", synthetic_payload(TAP, 0),
-                             headers={"Shadow-Tap": TAP, "Shadow-Publisher-Id": "1"})  # fmt: skip
+            await js.publish(
+                "shadow.custom-topic",
+                synthetic_payload(TAP, 0),
+                headers={"Shadow-Tap": TAP, "Shadow-Publisher-Id": "1"},
+            )
         lines: list[str] = []
         source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "hint", log=lines.append)
         async with reading(source) as deliveries:
@@ -256,9 +274,12 @@ class TestRefused:
         async with shadow_stream(nats_server.urls) as js:
             await js.add_consumer(
                 "SHADOW",
-                api.ConsumerConfig(durable_name="shared", filter_subject="shadow.other",
-                                   ack_policy=api.AckPolicy.EXPLICIT),
-            )  # fmt: skip
+                api.ConsumerConfig(
+                    durable_name="shared",
+                    filter_subject="shadow.other",
+                    ack_policy=api.AckPolicy.EXPLICIT,
+                ),
+            )
         source = JetStreamSource(nats_server.urls, "SHADOW", TAP, "shared")
         with pytest.raises(SourceError, match="choose another --durable for this tap"):
             await source.open()

@@ -74,9 +74,14 @@ def captured(model_dirs: dict, loaded: dict, tmp_path_factory) -> Path:
 
 async def replay(source: Path, out: Path, candidate: str, baseline: str | None, **kw) -> dict:
     options = ReplayOptions(
-        candidate=candidate, out_dir=out, baseline=baseline, speed=None, concurrency=4,
-        tokenizer=Path(".models/deepseek"), **kw,
-    )  # fmt: skip
+        candidate=candidate,
+        out_dir=out,
+        baseline=baseline,
+        speed=None,
+        concurrency=4,
+        tokenizer=Path(".models/deepseek"),
+        **kw,
+    )
     records, unreadable = file_records(source)
     return await Replay(options, "shadow-replay test").run(records, unreadable)
 
@@ -199,8 +204,9 @@ class TestBadInput:
     """Unreadable bytes counted, request-only records skipped or replayed for load,
     a dead candidate recorded per request while the replay goes on."""
 
-    async def test_unreadable_and_request_only(self, captured: Path, tmp_path: Path, loaded,
-                                               model_dirs) -> None:  # fmt: skip
+    async def test_unreadable_and_request_only(
+        self, captured: Path, tmp_path: Path, loaded, model_dirs
+    ) -> None:
         source = tmp_path / "src"
         source.mkdir()
         records = load_records(captured)[:6]
@@ -244,8 +250,18 @@ class TestCommandLine:
         writing the report of what was done."""
         async with _frontend(model_dirs, loaded, ttft_ms=400) as (candidate, _a):
             script = Path(sys.executable).parent / "shadow-replay"
-            args = [str(script), str(captured), "--candidate", candidate, "--out", str(tmp_path),
-                    "--speed", "max", "--concurrency", "1"]  # fmt: skip
+            args = [
+                str(script),
+                str(captured),
+                "--candidate",
+                candidate,
+                "--out",
+                str(tmp_path),
+                "--speed",
+                "max",
+                "--concurrency",
+                "1",
+            ]
             proc = await asyncio.create_subprocess_exec(
                 *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )

@@ -238,12 +238,15 @@ class TestAgainstThePrimaryAlone:
         assert summary["primary_timed_from"] == {"upstream_send": REQUESTS}
         ttft = summary["ttft_ms"]
         one_read = sum(
-            1 for r in records
+            1
+            for r in records
             if r["response"]["streamed"]
             and r["response"]["first_token_offset_ns"] == r["response"]["last_token_offset_ns"]
-        )  # fmt: skip
-        print(f"A/A TTFT: {ttft['judged']} (primary {ttft['primary']}, candidate "
-              f"{ttft['candidate']}; {one_read} streamed records came in one read)")  # fmt: skip
+        )
+        print(
+            f"A/A TTFT: {ttft['judged']} (primary {ttft['primary']}, candidate "
+            f"{ttft['candidate']}; {one_read} streamed records came in one read)"
+        )
         # Every streamed record has the primary's TTFT, one-read answers included;
         # the JSON bodies have none.
         assert ttft["primary"]["n"] == ttft["n"] == _streamed(records) == REQUESTS * 9 // 10
@@ -282,8 +285,9 @@ class TestOneDeploymentTwice:
         summary = await _replay(captured, tmp_path, url, url, tolerance=TOLERANCE)
         assert summary["replayed"] == REQUESTS
         assert (summary["errors"], summary["baseline_errors"]) == (0, 0), (
-            summary["error_examples"], summary["baseline_error_examples"]
-        )  # fmt: skip
+            summary["error_examples"],
+            summary["baseline_error_examples"],
+        )
         assert summary["baseline_prompt_token_mismatches"] == 0
         # The mocker's outputs are random: outputs differ on both sides alike.
         assert summary["differences"]["outcome"]["differs"] == 0
@@ -299,10 +303,19 @@ class TestRefused:
         url = deployments["slow"].url
         out = tmp_path / "out"
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "shadow_proxy.replay.cli", str(captured),
-            "--candidate", url, "--model", "other", "--out", str(out),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "shadow_proxy.replay.cli",
+            str(captured),
+            "--candidate",
+            url,
+            "--model",
+            "other",
+            "--out",
+            str(out),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         _, err = await asyncio.wait_for(proc.communicate(), 120)
         assert proc.returncode == 2, err.decode()
         assert err.decode().strip().splitlines()[-1] == (

@@ -42,8 +42,11 @@ async def fill(urls: list[str], records: list[dict[str, Any]]) -> None:
         js = nc.jetstream()
         await js.add_stream(name="SHADOW", subjects=["shadow.>"])
         for record in records:
-            headers = {"Shadow-Tap": TAP, "Shadow-Publisher-Id": "5",
-                       "Shadow-Seq": str(record["seq"])}  # fmt: skip
+            headers = {
+                "Shadow-Tap": TAP,
+                "Shadow-Publisher-Id": "5",
+                "Shadow-Seq": str(record["seq"]),
+            }
             await js.publish(SUBJECT, encode_envelope(record), headers=headers)
     finally:
         await nc.close()
@@ -77,8 +80,9 @@ async def run(argv: list[str], timeout: float = 120) -> tuple[int, str]:
 
 
 def trace_records() -> list[dict[str, Any]]:
-    return [envelope(k, list(range(k % 5, k % 5 + 40)), tap=TAP, arrival_ms=k)
-            for k in range(RECORDS)]  # fmt: skip
+    return [
+        envelope(k, list(range(k % 5, k % 5 + 40)), tap=TAP, arrival_ms=k) for k in range(RECORDS)
+    ]
 
 
 class TestTraceStopped:
@@ -87,17 +91,25 @@ class TestTraceStopped:
     async def test_sigterm_analyses_what_was_read(self, nats_server, tmp_path: Path) -> None:
         await fill(nats_server.urls, trace_records())
         out = tmp_path / "reuse.json"
-        argv = tool("trace", "analyze", *source(nats_server.urls, "live"), "--json", str(out),
-                    "--block-size", "16")  # fmt: skip
+        argv = tool(
+            "trace",
+            "analyze",
+            *source(nats_server.urls, "live"),
+            "--json",
+            str(out),
+            "--block-size",
+            "16",
+        )
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         try:
             # Everything delivered, and held unacknowledged until the output is written.
             await wait_until(
-                lambda: delivered_all(nats_server.urls, "live"), timeout=60,
+                lambda: delivered_all(nats_server.urls, "live"),
+                timeout=60,
                 what="the durable delivered every record",
-            )  # fmt: skip
+            )
             assert (await consumer_state(nats_server.urls, "live"))[1] == RECORDS
             proc.send_signal(signal.SIGTERM)
             stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
@@ -111,15 +123,23 @@ class TestTraceStopped:
         document = json.loads(out.read_text())
         assert document["all"]["16"]["requests"] == RECORDS
         await wait_until(
-            lambda: acknowledged_all(nats_server.urls, "live"), timeout=20,
+            lambda: acknowledged_all(nats_server.urls, "live"),
+            timeout=20,
             what="every record acknowledged once the analysis was written",
-        )  # fmt: skip
+        )
 
     async def test_nothing_acknowledged_when_the_output_fails(self, nats_server, tmp_path):
         await fill(nats_server.urls, trace_records())
         missing = tmp_path / "no-such-dir" / "trace.jsonl"
-        argv = tool("trace", "export", *source(nats_server.urls, "fails", "--stop-at-end"),
-                    "--format", "mooncake", "-o", str(missing))  # fmt: skip
+        argv = tool(
+            "trace",
+            "export",
+            *source(nats_server.urls, "fails", "--stop-at-end"),
+            "--format",
+            "mooncake",
+            "-o",
+            str(missing),
+        )
         code, output = await run(argv)
         assert code == 2, output
         assert await consumer_state(nats_server.urls, "fails") == (RECORDS, RECORDS)
@@ -142,8 +162,15 @@ class TestStopAtEnd:
     async def test_trace_export(self, nats_server, tmp_path: Path) -> None:
         await fill(nats_server.urls, trace_records())
         out = tmp_path / "trace.jsonl"
-        argv = tool("trace", "export", *source(nats_server.urls, "batch", "--stop-at-end"),
-                    "--format", "mooncake", "-o", str(out))  # fmt: skip
+        argv = tool(
+            "trace",
+            "export",
+            *source(nats_server.urls, "batch", "--stop-at-end"),
+            "--format",
+            "mooncake",
+            "-o",
+            str(out),
+        )
         code, output = await run(argv)
         assert code == 0, output
         assert len(out.read_text().splitlines()) == RECORDS
@@ -158,9 +185,18 @@ class TestStopAtEnd:
             record["tap"] = TAP
         await fill(nats_server.urls, records)
         async with serve_mock_frontend(config, loaded) as (url, _app):
-            first = tool("replay", *source(nats_server.urls, "replay", "--stop-at-end"),
-                         "--candidate", url, "--out", str(tmp_path / "a"), "--speed", "max",
-                         "--max-records", "10")  # fmt: skip
+            first = tool(
+                "replay",
+                *source(nats_server.urls, "replay", "--stop-at-end"),
+                "--candidate",
+                url,
+                "--out",
+                str(tmp_path / "a"),
+                "--speed",
+                "max",
+                "--max-records",
+                "10",
+            )
             code, output = await run(first)
             assert code == 0, output
             summary = json.loads((tmp_path / "a" / "summary.json").read_text())
@@ -175,7 +211,7 @@ class TestStopAtEnd:
                 "--speed",
                 "max",
             )
-            code, output = await run(rest)  # fmt: skip
+            code, output = await run(rest)
         assert code == 0, output
         summary = json.loads((tmp_path / "b" / "summary.json").read_text())
         assert summary["run"]["stopped_by"] == "end" and summary["errors"] == 0

@@ -101,8 +101,15 @@ class TestFidelity:
     async def test_corpus_token_exact(self, vllm_fleet: Fleet, model: str) -> None:
         server = await vllm_fleet.ready(model)
         endpoint = reserve_endpoint()
-        taps = [{"name": "f", "topic": "f", "capture": "request_response", "endpoint": endpoint,
-                 "capacity": 4096}]  # fmt: skip
+        taps = [
+            {
+                "name": "f",
+                "topic": "f",
+                "capture": "request_response",
+                "endpoint": endpoint,
+                "capacity": 4096,
+            }
+        ]
         config = proxy_config(server.base_url, models=[_model_entry(model)], taps=taps)
         sent = []
         with TapSubscriber(endpoint, "f") as records:
@@ -113,8 +120,9 @@ class TestFidelity:
                         rid = uuid.uuid4().hex
                         headers = {**entry.get("headers", {}), "x-request-id": rid}
                         body = _body(entry, model, rid)
-                        async with session.post(url + PATHS[entry["api"]], json=body,
-                                                headers=headers) as r:  # fmt: skip
+                        async with session.post(
+                            url + PATHS[entry["api"]], json=body, headers=headers
+                        ) as r:
                             sent.append((entry, rid, r.status, (await r.read())[:300]))
                 # Every request answered 200 has a record per engine request (a
                 # count would not do: the requests vLLM refused may have one too).
@@ -163,8 +171,10 @@ class TestFidelity:
         for name, why in REFUSED.items():
             assert why in refused[name], refused[name]
         total = sum(exact.values())
-        print(f"\nvLLM fidelity ({model}): {total} engine requests token-exact "
-              f"({dict(exact)}); refused by vLLM as by the record: {sorted(refused)}")  # fmt: skip
+        print(
+            f"\nvLLM fidelity ({model}): {total} engine requests token-exact "
+            f"({dict(exact)}); refused by vLLM as by the record: {sorted(refused)}"
+        )
         # Every engine request of the corpus is exact (``wrong`` is empty) and
         # only the refusals named above were refused: nothing skipped.
         assert total == len(expected) and set(exact) == set(PATHS), (total, len(expected), exact)
@@ -208,17 +218,27 @@ def _requests(
     )
     out = []
     for c, t in order:
-        body = {"model": "llama", "messages": conversations[c][t], "max_tokens": max_tokens,
-                "temperature": 0}  # fmt: skip
+        body = {
+            "model": "llama",
+            "messages": conversations[c][t],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
         out.append((f"c{seed}-{c}-{t}-{uuid.uuid4().hex[:8]}", body))
     return out
 
 
 async def _replay(source: Path, out: Path, candidate: str, baseline: str) -> dict[str, Any]:
     options = ReplayOptions(
-        candidate=candidate, out_dir=out, baseline=baseline, speed=None, concurrency=1,
-        max_lag_s=300.0, tokenizer=ROOT / ".models" / "llama", tolerance=0.5,
-    )  # fmt: skip
+        candidate=candidate,
+        out_dir=out,
+        baseline=baseline,
+        speed=None,
+        concurrency=1,
+        max_lag_s=300.0,
+        tokenizer=ROOT / ".models" / "llama",
+        tolerance=0.5,
+    )
     records, unreadable = file_records(source)
     return await Replay(options, "shadow-replay (vllm test)").run(records, unreadable)
 
@@ -259,9 +279,11 @@ class TestReplay:
         assert changed["exact_match_rate"] < 0.2, changed["exact_match_rate"]
         assert changed["differences"]["output"]["counted"] >= 24, changed["differences"]
         _check_engine_input(records, replay_dir / "changed", [other])
-        print(f"\nvLLM replay: A/A exact {same['exact_match_rate']:.0%}, "
-              f"changed weights exact {changed['exact_match_rate']:.0%} "
-              f"({changed['differences']['output']['counted']}/30 outputs differ)")  # fmt: skip
+        print(
+            f"\nvLLM replay: A/A exact {same['exact_match_rate']:.0%}, "
+            f"changed weights exact {changed['exact_match_rate']:.0%} "
+            f"({changed['differences']['output']['counted']}/30 outputs differ)"
+        )
 
 
 def _check_engine_input(records: list[dict], out: Path, servers: list[Vllm]) -> None:
@@ -313,9 +335,11 @@ class TestKvPrediction:
         infinite = analysis["all"][str(block)]["hit_rate_infinite"]
         prompt_tokens = sum(len(r["request"]["token_ids"]) for r in load_records(captured))
         assert predicted["prompt_tokens"] == prompt_tokens == queries1 - queries0
-        print(f"\nKV reuse ({model}, {capacity} blocks of {block}): predicted "
-              f"{predicted['hit_rate']:.1%}, vLLM {engine:.1%}, "
-              f"infinite cache {infinite:.1%}")  # fmt: skip
+        print(
+            f"\nKV reuse ({model}, {capacity} blocks of {block}): predicted "
+            f"{predicted['hit_rate']:.1%}, vLLM {engine:.1%}, "
+            f"infinite cache {infinite:.1%}"
+        )
         assert abs(predicted["hit_rate"] - engine) <= 0.02
         # The small cache evicts, the large one does not: the prediction at the
         # capacity, not the infinite cache's rate, is what matches the engine.

@@ -12,9 +12,16 @@ TOPIC = "shadow-requests-kv"
 
 def payload(seq: int, tap: str = "kv", **overrides) -> bytes:
     envelope = build_envelope(
-        tap=tap, seq=seq, request_id=f"r{seq}", origin="chat", filters=[],
-        arrival_unix_ns=1, sample_rate=1.0, request={"token_ids": [1]}, response=None,
-    )  # fmt: skip
+        tap=tap,
+        seq=seq,
+        request_id=f"r{seq}",
+        origin="chat",
+        filters=[],
+        arrival_unix_ns=1,
+        sample_rate=1.0,
+        request={"token_ids": [1]},
+        response=None,
+    )
     envelope.update(overrides)
     return wire.encode_envelope(envelope)
 

@@ -85,18 +85,26 @@ async def replay_run(
     async with builtin_frontends(models, knobs, log_dir, statuses) as urls:
         args = [
             str(record_file),
-            "--candidate", urls["candidate"],
-            "--baseline", urls["baseline"],
-            "--out", str(report_dir),
-            "--speed", "max",
-            "--concurrency", str(plan.concurrency),
-            "--tokenizer", near(tokenizer),
-        ]  # fmt: skip
+            "--candidate",
+            urls["candidate"],
+            "--baseline",
+            urls["baseline"],
+            "--out",
+            str(report_dir),
+            "--speed",
+            "max",
+            "--concurrency",
+            str(plan.concurrency),
+            "--tokenizer",
+            near(tokenizer),
+        ]
         mark = time.monotonic()
         tool = await run_tool(
-            "shadow-replay", [sys.executable, "-m", "shadow_proxy.replay.cli", *args], log_dir,
+            "shadow-replay",
+            [sys.executable, "-m", "shadow_proxy.replay.cli", *args],
+            log_dir,
             REPLAY_TIMEOUT_S,
-        )  # fmt: skip
+        )
         replay_s = time.monotonic() - mark
     try:
         summary = json.loads((report_dir / "summary.json").read_text(encoding="utf-8"))
@@ -147,10 +155,16 @@ def replay_failures(result: dict[str, Any]) -> list[str]:
         return ["shadow-replay wrote no summary.json"]
     failures = []
     if summary.get("records") != records or summary.get("replayed") != records:
-        failures.append(f"shadow-replay read {summary.get('records')} records and replayed "
-                        f"{summary.get('replayed')}; the file holds {records}")  # fmt: skip
-    for key in ("errors", "baseline_errors", "prompt_token_mismatches",
-                "baseline_prompt_token_mismatches"):  # fmt: skip
+        failures.append(
+            f"shadow-replay read {summary.get('records')} records and replayed "
+            f"{summary.get('replayed')}; the file holds {records}"
+        )
+    for key in (
+        "errors",
+        "baseline_errors",
+        "prompt_token_mismatches",
+        "baseline_prompt_token_mismatches",
+    ):
         if summary.get(key):
             failures.append(f"shadow-replay: {key} = {summary[key]}")
     if any((summary.get("skipped") or {}).values()):
@@ -163,20 +177,26 @@ def replay_failures(result: dict[str, Any]) -> list[str]:
         )
     counted = ((summary.get("differences") or {}).get("output") or {}).get("counted")
     if counted != expected["diverging"]:
-        failures.append(f"{counted} output differences counted against the baseline, "
-                        f"{expected['diverging']} expected")  # fmt: skip
+        failures.append(
+            f"{counted} output differences counted against the baseline, "
+            f"{expected['diverging']} expected"
+        )
     if expected["diverging"]:
         first = summary.get("first_divergence") or {}
         at = float(expected["diverge_at"])
         if (first.get("p50"), first.get("p99")) != (at, at):
-            failures.append(f"first divergent position {first}, the candidate diverges at "
-                            f"token {expected['diverge_at']}")  # fmt: skip
+            failures.append(
+                f"first divergent position {first}, the candidate diverges at "
+                f"token {expected['diverge_at']}"
+            )
     for metric, extra in (("ttft_ms", "extra_ttft_ms"), ("itl_ms", "extra_itl_ms")):
         verdict = (summary.get(metric) or {}).get("verdict")
         want = "higher" if result["candidate"][extra] > 0 else None
         if want and verdict != want:
-            failures.append(f"{metric} verdict {verdict!r}: the candidate is "
-                            f"{result['candidate'][extra]:g} ms slower")  # fmt: skip
+            failures.append(
+                f"{metric} verdict {verdict!r}: the candidate is "
+                f"{result['candidate'][extra]:g} ms slower"
+            )
     for name, status in result["exit_status"].items():
         if status != 0:
             failures.append(f"{name} exited with status {status}")
@@ -229,17 +249,23 @@ def format_replay(result: dict[str, Any]) -> str:
     lines += ["", "outputs and accounting"]
     lines += grid(
         [
-            ["records / replayed / skipped / errors",
-             f"{number(summary.get('records'))} / {number(summary.get('replayed'))} / "
-             f"{number(skipped)} / {number(summary.get('errors'))}"],
-            ["exact match (candidate vs primary)",
-             (f"{rate:.1%}" if rate is not None else "-")
-             + f"  ({expected['diverging']} request ids picked to diverge)"],
-            ["first divergent position p50 / p99",
-             f"{_position(first.get('p50'))} / {_position(first.get('p99'))}"],
+            [
+                "records / replayed / skipped / errors",
+                f"{number(summary.get('records'))} / {number(summary.get('replayed'))} / "
+                f"{number(skipped)} / {number(summary.get('errors'))}",
+            ],
+            [
+                "exact match (candidate vs primary)",
+                (f"{rate:.1%}" if rate is not None else "-")
+                + f"  ({expected['diverging']} request ids picked to diverge)",
+            ],
+            [
+                "first divergent position p50 / p99",
+                f"{_position(first.get('p50'))} / {_position(first.get('p99'))}",
+            ],
             ["prompt-token mismatches", number(summary.get("prompt_token_mismatches"))],
         ]
-    )  # fmt: skip
+    )
     lines += [
         "",
         f"report  {result['report']}",

@@ -16,8 +16,10 @@ class TestFileSource:
         first = write(tmp_path / "a", record(0), record(1), record(0, publisher=2))
         second = write(tmp_path / "b", record(1), record(2), record(1, tap="other"))
         source = sources.FileSource([first, second])
-        found = [(d.message.publisher_id, d.envelope["tap"], d.envelope["seq"])
-                 for d in await collect(source)]  # fmt: skip
+        found = [
+            (d.message.publisher_id, d.envelope["tap"], d.envelope["seq"])
+            for d in await collect(source)
+        ]
         assert found == [(1, "kv", 0), (1, "kv", 1), (2, "kv", 0), (1, "kv", 2), (1, "other", 1)]
         assert (source.stats.records, source.stats.duplicates, source.stats.files) == (5, 1, 2)
 
@@ -61,8 +63,12 @@ class TestFileSource:
         assert [d.envelope["seq"] for d in await collect(source)] == [0, 3]
         stats = source.stats.as_dict()
         assert stats["unreadable"] == {
-            "entry": 1, "envelope": 1, "record": 1, "schema": 1, "truncated": 1,
-        }  # fmt: skip
+            "entry": 1,
+            "envelope": 1,
+            "record": 1,
+            "schema": 1,
+            "truncated": 1,
+        }
         assert stats["unreadable_bytes"] > len(garbage) + 3
         assert stats["records"] == 2
 
@@ -73,8 +79,10 @@ class TestFileSource:
         assert skipped.stats.heartbeats == 2
         yielded = await collect(sources.FileSource([path], heartbeats=True))
         assert [d.heartbeat.next_seq if d.heartbeat else "record" for d in yielded] == [
-            3, "record", 1,
-        ]  # fmt: skip
+            3,
+            "record",
+            1,
+        ]
         assert yielded[0].envelope is None and yielded[0].where == str(path)
 
     async def test_a_heartbeat_from_another_publisher_is_refused(self, tmp_path: Path) -> None:

@@ -47,13 +47,22 @@ class TestOpenSource:
 
     def test_nats_servers_repeated_or_comma_separated(self) -> None:
         """``--nats a,b`` was a raw ValueError traceback from the NATS client."""
-        args = arguments("--nats", "nats://a:4222,nats://b:4222", "--nats", "nats://c:4222",
-                         "--tap", "kv", "--durable", "d")  # fmt: skip
+        args = arguments(
+            "--nats",
+            "nats://a:4222,nats://b:4222",
+            "--nats",
+            "nats://c:4222",
+            "--tap",
+            "kv",
+            "--durable",
+            "d",
+        )
         source = sources.open_source(args)
         assert source.servers == ["nats://a:4222", "nats://b:4222", "nats://c:4222"]
         assert source.live and not source.stop_at_end
-        args = arguments("--nats", "nats://a:4222", "--tap", "kv", "--durable", "d",
-                         "--stop-at-end")  # fmt: skip
+        args = arguments(
+            "--nats", "nats://a:4222", "--tap", "kv", "--durable", "d", "--stop-at-end"
+        )
         batch = sources.open_source(args)
         assert batch.stop_at_end and not batch.live
 

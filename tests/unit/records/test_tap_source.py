@@ -16,9 +16,10 @@ from tests.support.tap_messages import publisher
 
 def send(socket: zmq.Socket, message: wire.Message) -> None:
     socket.send_multipart(
-        wire.encode_frames(message.topic, message.publisher_id, message.sequence, 0,
-                           message.payload)
-    )  # fmt: skip
+        wire.encode_frames(
+            message.topic, message.publisher_id, message.sequence, 0, message.payload
+        )
+    )
 
 
 @contextlib.asynccontextmanager
@@ -55,8 +56,10 @@ class TestTapSource:
                 send(socket, heartbeat(next_seq=2))
                 send(socket, record(1))
                 await wait_until(lambda: len(found) >= 3, 10)
-            kinds = [("beat", d.heartbeat.next_seq) if d.heartbeat else ("rec", d.envelope["seq"])
-                     for d in found]  # fmt: skip
+            kinds = [
+                ("beat", d.heartbeat.next_seq) if d.heartbeat else ("rec", d.envelope["seq"])
+                for d in found
+            ]
             assert kinds == [("rec", 0), ("beat", 2), ("rec", 1)]  # repeats of seq 0: once
             assert found[0].where == endpoint
             assert source.stats.unreadable.get("topic") == 1  # the sibling: prefix match only

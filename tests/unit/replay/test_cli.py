@@ -71,8 +71,12 @@ class TestArguments:
             ["r", "--candidate", "http://u", "--out", "o", "--speed", "max", "--max-lag-s", "0"]
         )
         assert (args.speed, args.max_lag_s, args.concurrency) == (None, 0.0, 16)
-        assert build_parser().parse_args(["r", "--candidate", "http://u", "--out", "o",
-                                          "--speed", "2.5"]).speed == 2.5  # fmt: skip
+        assert (
+            build_parser()
+            .parse_args(["r", "--candidate", "http://u", "--out", "o", "--speed", "2.5"])
+            .speed
+            == 2.5
+        )
 
     @pytest.mark.parametrize(
         ("option", "value", "message"),
@@ -197,10 +201,13 @@ class TestRun:
         candidate/primary ratio beside a candidate/baseline verdict)."""
         judged = {"reference": "baseline", "ratio_p50": 2.31, "ci95": [2.1, 2.5], "n": 180}
         summary = {
-            "records": 5, "replayed": 4, "skipped": {"late": 1}, "errors": 0,
+            "records": 5,
+            "replayed": 4,
+            "skipped": {"late": 1},
+            "errors": 0,
             "exact_match_rate": 0.5,
             "ttft_ms": {"ratio_p50": 0.3368, "verdict": "higher", "judged": judged},
-        }  # fmt: skip
+        }
         assert headline(summary) == (
             "records=5 replayed=4 skipped=1 errors=0 exact_match_rate=0.5 "
             "ttft candidate/baseline p50=2.31 [2.1, 2.5] n=180: higher"

@@ -23,8 +23,9 @@ def tally(*, baseline: bool = False, divergent: int = 3, pairs: int = 10) -> Tal
         candidate = observation(200.0 + k, ids=(1, 3) if k < divergent else (1, 2))
         if baseline:
             base = observation(100.0 + k)
-            t.add(primary, candidate, compare(primary, candidate, 5), base,
-                  compare(primary, base, 5))  # fmt: skip
+            t.add(
+                primary, candidate, compare(primary, candidate, 5), base, compare(primary, base, 5)
+            )
         else:
             t.add(primary, candidate, compare(primary, candidate, 5))
     return t
@@ -106,8 +107,12 @@ class TestVerdictShown:
         lo, hi = judged["ci95"]
         row = next(line for line in text.splitlines() if line.startswith("| ttft_ms |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[-4:] == [f"{judged['ratio_p50']:.4g}", f"[{lo:.4g}, {hi:.4g}]",
-                              str(judged["n"]), summary["ttft_ms"]["verdict"]]  # fmt: skip
+        assert cells[-4:] == [
+            f"{judged['ratio_p50']:.4g}",
+            f"[{lo:.4g}, {hi:.4g}]",
+            str(judged["n"]),
+            summary["ttft_ms"]["verdict"],
+        ]
         assert judged["ratio_p50"] == summary["ttft_ms"]["candidate_vs_baseline_p50"]
         assert f"- ttft_ms: {judged['reason']}" in text
         assert "(100.0 records)" not in text and "(10 records)" not in text

@@ -82,8 +82,11 @@ class TestRun:
         records = [joined_record(k, "x", max_tokens=2, response=k == 0) for k in range(3)]
         summary = await Replay(options(tmp_path, fast, compare=False), "t").run(feed(records))
         assert summary["replayed"] == 3 and summary["compared"] == 0
-        assert all(set(line) == {"request_id", "tap", "seq", "model", "prompt_tokens",
-                                 "sent_ids", "candidate"} for line in pairs(tmp_path))  # fmt: skip
+        assert all(
+            set(line)
+            == {"request_id", "tap", "seq", "model", "prompt_tokens", "sent_ids", "candidate"}
+            for line in pairs(tmp_path)
+        )
         assert pairs(tmp_path)[0]["sent_ids"] == {"candidate": "rid-0-candidate"}
 
     async def test_model_sent_instead(self, fast: str, tmp_path: Path):
@@ -117,8 +120,13 @@ class TestAcknowledgement:
         await Replay(options(tmp_path, fast), "t").run(
             feed(Delivered(r, tmp_path, acks) for r in records)
         )
-        assert sorted(acks) == [("rid-0", True), ("rid-1", True), ("rid-2", True),
-                                ("rid-3", True), ("rid-4", False)]  # fmt: skip
+        assert sorted(acks) == [
+            ("rid-0", True),
+            ("rid-1", True),
+            ("rid-2", True),
+            ("rid-3", True),
+            ("rid-4", False),
+        ]
 
     async def test_not_before(self, model_dirs, loaded: dict, tmp_path: Path):
         """Cancelled while the candidate is answering: nothing acknowledged."""
@@ -126,8 +134,9 @@ class TestAcknowledgement:
         acks: list[tuple[str, bool]] = []
         async with serve_mock_frontend(config, loaded) as (slow, _app):
             replay = Replay(options(tmp_path, slow), "t")
-            records = [Delivered(joined_record(k, "x", max_tokens=2), tmp_path, acks)
-                       for k in range(3)]  # fmt: skip
+            records = [
+                Delivered(joined_record(k, "x", max_tokens=2), tmp_path, acks) for k in range(3)
+            ]
             run = asyncio.create_task(replay.run(feed(records)))
             await wait_until(lambda: replay.scheduler.counts.in_flight >= 2, timeout=10)
             run.cancel()

@@ -13,8 +13,12 @@ class TestPercentiles:
     """Linear interpolation, NaNs ignored, with the number of values; positions are whole."""
 
     def test_values(self) -> None:
-        assert percentiles(list(range(1, 102))) == {"p50": 51.0, "p90": 91.0, "p99": 100.0,
-                                                    "n": 101}  # fmt: skip
+        assert percentiles(list(range(1, 102))) == {
+            "p50": 51.0,
+            "p90": 91.0,
+            "p99": 100.0,
+            "n": 101,
+        }
         assert percentiles([float("nan"), 2.0]) == {"p50": 2.0, "p90": 2.0, "p99": 2.0, "n": 1}
         assert percentiles([]) is None
 

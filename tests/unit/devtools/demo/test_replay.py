@@ -27,20 +27,29 @@ def latency(primary: float, baseline: float, candidate: float, verdict: str) -> 
 def result() -> dict[str, Any]:
     """A replay of 10 records, 2 of which the candidate diverges on at token 4."""
     summary = {
-        "records": 10, "replayed": 10, "skipped": {}, "errors": 0, "baseline_errors": 0,
-        "prompt_token_mismatches": 0, "baseline_prompt_token_mismatches": 0,
-        "exact_match_rate": 0.8, "first_divergence": {"p50": 4.0, "p90": 4.0, "p99": 4.0},
+        "records": 10,
+        "replayed": 10,
+        "skipped": {},
+        "errors": 0,
+        "baseline_errors": 0,
+        "prompt_token_mismatches": 0,
+        "baseline_prompt_token_mismatches": 0,
+        "exact_match_rate": 0.8,
+        "first_divergence": {"p50": 4.0, "p90": 4.0, "p99": 4.0},
         "differences": {"output": {"differs": 2, "noise": 0, "counted": 2}},
         "ttft_ms": latency(30.0, 22.0, 72.0, "higher"),
         "itl_ms": latency(5.1, 5.0, 10.0, "higher"),
         "e2e_ms": latency(190.0, 180.0, 400.0, "higher"),
-    }  # fmt: skip
+    }
     return {
         "title": "replay",
         "kind": "replay",
         "source": {"run": 1, "title": "streaming", "records_file": "r.rec", "records": 10},
-        "candidate": {"knobs": "ttft 70 ms, itl 10 ms, 20% diverging at token 4",
-                      "extra_ttft_ms": 50.0, "extra_itl_ms": 5.0},
+        "candidate": {
+            "knobs": "ttft 70 ms, itl 10 ms, 20% diverging at token 4",
+            "extra_ttft_ms": 50.0,
+            "extra_itl_ms": 5.0,
+        },
         "baseline": {"knobs": "ttft 20 ms, itl 5 ms"},
         "concurrency": 16,
         "expected": {"diverging": 2, "exact_match_rate": 0.8, "diverge_at": 4},
@@ -51,7 +60,7 @@ def result() -> dict[str, Any]:
         "timings_s": {"replay_s": 3.0, "total_s": 7.0},
         "ok": True,
         "failures": [],
-    }  # fmt: skip
+    }
 
 
 def failures_after(change: Any) -> list[str]:
@@ -106,18 +115,26 @@ class TestChecks:
     @pytest.mark.parametrize(
         ("change", "expected"),
         [
-            (lambda r: r["summary"].update(replayed=9),
-             "shadow-replay read 10 records and replayed 9; the file holds 10"),
+            (
+                lambda r: r["summary"].update(replayed=9),
+                "shadow-replay read 10 records and replayed 9; the file holds 10",
+            ),
             (lambda r: r["summary"].update(errors=1), "shadow-replay: errors = 1"),
-            (lambda r: r["summary"].update(baseline_errors=2),
-             "shadow-replay: baseline_errors = 2"),
-            (lambda r: r["summary"].update(prompt_token_mismatches=1),
-             "shadow-replay: prompt_token_mismatches = 1"),
-            (lambda r: r["summary"].update(skipped={"late": 1}),
-             "shadow-replay skipped records: {'late': 1}"),
+            (
+                lambda r: r["summary"].update(baseline_errors=2),
+                "shadow-replay: baseline_errors = 2",
+            ),
+            (
+                lambda r: r["summary"].update(prompt_token_mismatches=1),
+                "shadow-replay: prompt_token_mismatches = 1",
+            ),
+            (
+                lambda r: r["summary"].update(skipped={"late": 1}),
+                "shadow-replay skipped records: {'late': 1}",
+            ),
             (lambda r: r["exit_status"].update(candidate=-9), "candidate exited with status -9"),
         ],
-    )  # fmt: skip
+    )
     def test_accounting(self, change: Any, expected: str) -> None:
         assert failures_after(change) == [expected]
 
@@ -152,8 +169,9 @@ class TestTable:
         failed = result()
         failed.update(ok=False, failures=["candidate exited with status 1"])
         assert replay.format_replay(failed).splitlines()[-2:] == [
-            "FAILED:", "  - candidate exited with status 1",
-        ]  # fmt: skip
+            "FAILED:",
+            "  - candidate exited with status 1",
+        ]
 
 
 def test_request_ids_in_file_order(tmp_path: Path) -> None:
