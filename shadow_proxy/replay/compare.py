@@ -145,7 +145,9 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
     )
     counts = tuple(int(c.get("output_tokens", 0)) for c in choices)
     ids = [c.get("token_ids") for c in choices]
+    id_lists = [i for i in ids if isinstance(i, list)]
     texts = [c.get("text") for c in choices]
+    strings = [t for t in texts if isinstance(t, str)]
     sent = _offset(response.get("upstream_sent_offset_ns"))
     start = sent or 0
     first = _offset(response.get("first_token_offset_ns"))
@@ -162,10 +164,8 @@ def primary_observation(envelope: Mapping[str, Any]) -> Observation:
         choice_tokens=counts,
         output_tokens=response.get("output_tokens"),
         exact_tokens=_exact_tokens(usage, response, ids),
-        token_ids=tuple(tuple(i) for i in ids)
-        if ids and all(isinstance(i, list) for i in ids)
-        else None,
-        texts=tuple(texts) if texts and all(isinstance(t, str) for t in texts) else None,
+        token_ids=tuple(tuple(i) for i in id_lists) if ids and len(id_lists) == len(ids) else None,
+        texts=tuple(strings) if texts and len(strings) == len(texts) else None,
         truncated=any(c.get("truncated") is True for c in choices),
         ttft_ms=None if first is None else (first - start) / 1e6,
         itl_ms=mean_itl_ms(first, itl_last, max(counts, default=0)),

@@ -260,7 +260,7 @@ def _latency_section(summary: Mapping[str, Any], baseline: bool) -> list[str]:
     for metric in METRICS:
         entry = summary[metric]
         judged = entry.get("judged") or {}
-        row = [metric, _pcts(entry["primary"]), _pcts(entry["candidate"])]
+        row: list[Any] = [metric, _pcts(entry["primary"]), _pcts(entry["candidate"])]
         if baseline:
             offset = _fmt(entry.get("baseline_ratio_p50"))
             row += [

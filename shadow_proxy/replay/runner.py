@@ -66,7 +66,8 @@ Item = tuple[Mapping[str, Any], CandidateRequest, Ack | None]
 class _Delivered(Protocol):
     """A record as a source delivered it (``records.sources.Delivery``)."""
 
-    envelope: Any
+    @property
+    def envelope(self) -> Any: ...
 
     async def ack(self) -> None: ...
 
@@ -246,7 +247,7 @@ class Replay:
                 await self._baseline.close()
             for scorer in self._scorers.values():
                 await scorer.close()
-        run = {
+        run: dict[str, Any] = {
             "candidate": o.candidate,
             "baseline": o.baseline,
             "speed": "max" if o.speed is None else o.speed,

@@ -40,8 +40,6 @@ import attrs
 
 T = TypeVar("T")
 
-_END = object()
-
 
 @attrs.frozen
 class ScheduleConfig:
@@ -104,7 +102,7 @@ class Scheduler(Generic[T]):
         self._send = send
         self._late = late
         self._clock = clock
-        self._queue: asyncio.Queue[tuple[T, int | None] | object] = asyncio.Queue(config.bound)
+        self._queue: asyncio.Queue[tuple[T, int | None] | None] = asyncio.Queue(config.bound)
 
     @property
     def depth(self) -> int:
@@ -123,7 +121,7 @@ class Scheduler(Generic[T]):
             except Exception as exc:  # the source failed: what was taken is still sent
                 failure = exc
             for _ in senders:
-                await self._queue.put(_END)
+                await self._queue.put(None)
             await asyncio.gather(*senders)
             if failure is not None:
                 raise failure
@@ -158,9 +156,9 @@ class Scheduler(Generic[T]):
         limit = int(self.config.max_lag_s * 1e9)
         while True:
             entry = await self._queue.get()
-            if entry is _END:
+            if entry is None:  # the end
                 return
-            item, due = entry  # type: ignore[misc]
+            item, due = entry
             if due is not None and self._clock() - due > limit:
                 self.counts.late += 1
                 counted = self._late(item)

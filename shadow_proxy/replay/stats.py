@@ -115,7 +115,7 @@ class Samples:
 
     def add(self, row: dict[str, float | None]) -> None:
         self.seen += 1
-        values = [float("nan") if row.get(c) is None else float(row[c]) for c in COLUMNS]
+        values = [float("nan") if (v := row.get(c)) is None else float(v) for c in COLUMNS]
         if self.seen <= self.max_samples:
             for name, value in zip(COLUMNS, values, strict=True):
                 self.columns[name].append(value)
