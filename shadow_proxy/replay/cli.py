@@ -29,12 +29,11 @@ from typing import TYPE_CHECKING, Any
 from shadow_proxy.arguments import fraction, non_negative, positive
 from shadow_proxy.extras import missing_tools
 from shadow_proxy.records import sources
+from shadow_proxy.replay.outcome import EXIT_FAILED, EXIT_USAGE, headline, nothing_to_show
 
 if TYPE_CHECKING:
     from shadow_proxy.replay.runner import Replay
 
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 #: A stream's records are held unacknowledged while they are reordered: at
 #: most this many (a durable lets 4,096 be unacknowledged at once).
@@ -244,56 +243,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def headline(summary: dict[str, Any]) -> str:
-    """The last line: the counts, then the TTFT verdict with what it judged."""
-    ttft = summary["ttft_ms"]
-    judged = ttft.get("judged") or {}
-    ratio, ci = judged.get("ratio_p50"), judged.get("ci95")
-    shown = "-" if ratio is None else f"{ratio:.3g}"
-    interval = "" if not ci else f" [{ci[0]:.3g}, {ci[1]:.3g}]"
-    return (
-        f"records={summary['records']} replayed={summary['replayed']} "
-        f"skipped={sum(summary['skipped'].values())} errors={summary['errors']} "
-        f"exact_match_rate={summary['exact_match_rate']} "
-        f"ttft candidate/{judged.get('reference', ttft.get('judged_against'))} "
-        f"p50={shown}{interval} n={judged.get('n', 0)}: {ttft['verdict']}"
-    )
-
-
-def _problem(summary: dict[str, Any]) -> tuple[int, str] | None:
-    """An exit status and its line when the run has nothing to show: no
-    records, none replayed, or every request to a target failed."""
-    skipped = summary["skipped"]
-    if summary["records"] == 0:
-        unreadable = sum((summary["run"].get("unreadable") or {}).values())
-        extra = f" ({unreadable} unreadable entries)" if unreadable else ""
-        return EXIT_USAGE, f"no records in the source{extra}"
-    if summary["replayed"] == 0 and summary["run"]["complete"]:
-        why = ", ".join(f"{k} {v}" for k, v in skipped.items())
-        hint = (
-            " (request-only records: --no-compare replays them for load)"
-            if "no_response" in skipped
-            else ""
-        )
-        return EXIT_USAGE, f"no record could be replayed: {why}{hint}"
-    failed = [
-        target
-        for target, count in (
-            ("candidate", summary["errors"]),
-            ("baseline", summary.get("baseline_errors", 0)),
-        )
-        if summary["replayed"] and count == summary["replayed"]
-    ]
-    if failed:
-        examples = summary.get("error_examples") or summary.get("baseline_error_examples") or []
-        first = f": {examples[0]['message']}" if examples else ""
-        return EXIT_FAILED, (
-            f"every request to the {' and the '.join(failed)} failed "
-            f"({summary['replayed']} of {summary['replayed']}){first}"
-        )
-    return None
-
-
 async def _main(
     replay: Replay, source: sources.RecordSource, window: int, stopped: list[int]
 ) -> dict[str, Any]:
@@ -393,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the run failed; its report was written
         say(f"the replay failed: {type(exc).__name__}: {exc}; what was done: {report}")
         return EXIT_FAILED
-    problem = None if stopped else _problem(summary)
+    problem = None if stopped else nothing_to_show(summary)
     if problem is not None and summary["replayed"] == 0:
         say(problem[1])
         return problem[0]

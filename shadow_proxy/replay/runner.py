@@ -32,26 +32,19 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, TextIO, TypeVar
 
-from shadow_proxy.records.limits import Limited, reading_progress
-from shadow_proxy.replay.client import (
-    CandidateClient,
-)
+from shadow_proxy.records.limits import Limited
+from shadow_proxy.replay.client import CandidateClient
 from shadow_proxy.replay.closed_loop import ClosedLoop
 from shadow_proxy.replay.compare import Observation, compare, primary_observation
 from shadow_proxy.replay.options import ReplayOptions, load_tokenizer
 from shadow_proxy.replay.report import PairsWriter, write_report
-from shadow_proxy.replay.request import (
-    CandidateRequest,
-    Skip,
-    build_request,
-)
+from shadow_proxy.replay.request import CandidateRequest, Skip, build_request
+from shadow_proxy.replay.run_facts import Warmup, progress_line, run_facts
 from shadow_proxy.replay.schedule import ScheduleConfig, Scheduler
 from shadow_proxy.replay.scorer import Scorer, score_record
 from shadow_proxy.replay.scores import ScoreTally
 from shadow_proxy.replay.stats import Samples, Tally
-from shadow_proxy.replay.verdicts import (
-    default_tolerance,
-)
+from shadow_proxy.replay.verdicts import default_tolerance
 from shadow_proxy.replay.window import PairObserver
 
 PROGRESS_INTERVAL_S = 0.5
@@ -129,8 +122,7 @@ class Replay:
                 lambda text: tokenizer.encode(text, add_special_tokens=False).ids,
                 options.speed,
             )
-        self._warm_sent = 0
-        self._warm_first: int | None = None
+        self.warmup = Warmup(options.warmup, options.warmup_s)
         self._candidate: CandidateClient | None = None
         self._baseline: CandidateClient | None = None
         self._pairs: PairsWriter | None = None
@@ -247,30 +239,14 @@ class Replay:
                 await self._baseline.close()
             for scorer in self._scorers.values():
                 await scorer.close()
-        run: dict[str, Any] = {
-            "candidate": o.candidate,
-            "baseline": o.baseline,
-            "speed": "max" if o.speed is None else o.speed,
-            "concurrency": o.concurrency,
-            "max_lag_s": o.max_lag_s,
-            "model": o.model,
-            "compare": o.compare,
-            "max_records": o.max_records,
-            "duration_s": o.duration_s,
-            "queue_bound": self.scheduler.config.bound,
-            "max_queue_depth": self.scheduler.counts.max_depth,
-            "unreadable": dict(unreadable()) if unreadable else {},
-            "started": started_wall.isoformat(timespec="seconds"),
-            "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "elapsed_s": round(elapsed, 3),
-            # CPU of this process (all threads) while replaying, report excluded.
-            "cpu_s": round(cpu, 3),
-            "stopped_by": stopped_by,
-            "complete": stopped_by not in ("signal", "error"),
-        }
-        if o.warmup or o.warmup_s:
-            run["warmup"] = {"records": o.warmup, "seconds": o.warmup_s}
-            run["warmup"]["excluded"] = self._warm_sent
+        run = run_facts(
+            o,
+            self.scheduler,
+            unreadable,
+            (started_wall, elapsed, cpu),
+            stopped_by,
+            self.warmup.excluded,
+        )
         if error is not None:
             run["error"] = error
         closed = None if self._loop is None else self._loop.summary()
@@ -335,21 +311,6 @@ class Replay:
         if ack is not None:
             await ack()  # its pair line is written
 
-    def _warming(self, envelope: Mapping[str, Any]) -> bool:
-        """Whether this record is part of the warm-up (and left out of the counts)."""
-        o = self.options
-        arrival = envelope.get("arrival_unix_ns")
-        if self._warm_first is None and isinstance(arrival, int):
-            self._warm_first = arrival
-        warm = self._warm_sent < o.warmup or (
-            o.warmup_s > 0
-            and isinstance(arrival, int)
-            and self._warm_first is not None
-            and arrival - self._warm_first < o.warmup_s * 1e9
-        )
-        self._warm_sent += warm
-        return warm
-
     async def _replay(self, envelope: Mapping[str, Any], request: CandidateRequest) -> Observation:
         assert self._candidate is not None
         if self._loop is not None:
@@ -379,7 +340,7 @@ class Replay:
             "prompt_tokens": request.prompt_tokens,
             "sent_ids": {target: request.sent_id(target) for target in self.options.targets},
         }
-        warm = self._warming(envelope)
+        warm = self.warmup.warming(envelope)
         if self._loop is not None:
             line.update(self._loop.line(envelope))
         if warm:
@@ -427,14 +388,6 @@ class Replay:
     async def _progress(self, started: float) -> None:
         while True:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
-            t, c = self.tally, self.scheduler.counts
-            elapsed = max(time.monotonic() - started, 1e-9)
-            skipped = sum(t.skipped.values())
             read = self.progress_of() if self.progress_of is not None else None
-            where = "" if read is None else " " + reading_progress(*read, elapsed)
-            self.err.write(
-                f"\rreplayed={t.replayed} ({t.replayed / elapsed:.1f}/s) skipped={skipped} "
-                f"errors={t.errors} in_flight={c.in_flight} queue={self.scheduler.depth} "
-                f"exact_match={t.exact_matches}/{t.compared}{where}   "
-            )
+            self.err.write(progress_line(self.tally, self.scheduler, started, read))
             self.err.flush()

@@ -196,23 +196,6 @@ class TestRun:
         err = capsys.readouterr().err
         assert headline(summary) in err and f"report: {out / 'report.md'}" in err
 
-    def test_headline(self) -> None:
-        """The ratio the verdict judged, its interval, n and reference (not the
-        candidate/primary ratio beside a candidate/baseline verdict)."""
-        judged = {"reference": "baseline", "ratio_p50": 2.31, "ci95": [2.1, 2.5], "n": 180}
-        summary = {
-            "records": 5,
-            "replayed": 4,
-            "skipped": {"late": 1},
-            "errors": 0,
-            "exact_match_rate": 0.5,
-            "ttft_ms": {"ratio_p50": 0.3368, "verdict": "higher", "judged": judged},
-        }
-        assert headline(summary) == (
-            "records=5 replayed=4 skipped=1 errors=0 exact_match_rate=0.5 "
-            "ttft candidate/baseline p50=2.31 [2.1, 2.5] n=180: higher"
-        )
-
 
 async def failing_completions(request) -> object:
     from aiohttp import web
