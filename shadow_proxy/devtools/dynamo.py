@@ -26,7 +26,6 @@ Facts about 1.6.1 worth knowing when writing tests against it:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -385,23 +384,3 @@ async def start_dynamo(
         raise
     dynamo.startup_s = time.monotonic() - started
     return dynamo
-
-
-async def _main(model_dir: Path) -> None:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        dynamo = await start_dynamo(model_dir, "m", Path(tmp))
-        try:
-            print(f"ready in {dynamo.startup_s:.2f}s at {dynamo.base_url}")
-            async with aiohttp.ClientSession() as session:
-                async with session.get(dynamo.base_url + "/v1/models") as r:
-                    print(json.dumps(await r.json(), indent=1))
-        finally:
-            await dynamo.aclose()
-
-
-if __name__ == "__main__":  # a manual check: python -m shadow_proxy.devtools.dynamo [MODEL_DIR]
-    import sys
-
-    asyncio.run(_main(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / ".models" / "deepseek"))
