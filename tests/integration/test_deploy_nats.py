@@ -1,5 +1,6 @@
 """deploy/nats/accounts.conf, the example NATS server configuration (issue 31):
-its users are the ones the JetStream overlay's proxy and readers use, with the
+its users are the ones the JetStream overlay's proxy and readers (and the
+live shadow's replayer) use, with the
 least privilege tests/support/nats_auth.py grants (the proxy: publish to
 shadow.> and manage SHADOW; a reader: consume its durables), and a real
 nats-server runs with it: the proxy's records reach a reader, and a reader on
@@ -18,7 +19,14 @@ import pytest
 
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import wait_until
-from tests.integration.test_deploy import DEPLOY, JETSTREAM_OVERLAY, command_options, find, render
+from tests.integration.test_deploy import (
+    DEPLOY,
+    JETSTREAM_OVERLAY,
+    LIVE_OVERLAY,
+    command_options,
+    find,
+    render,
+)
 from tests.support.jetstream import DirectPublisher
 from tests.support.nats import started
 from tests.support.nats_auth import proxy_permissions, reader_permissions
@@ -39,6 +47,8 @@ def overlay() -> tuple[Config, list[dict[str, str]]]:
     text = find(objects, "ConfigMap", "shadow-proxy-config")["data"]["config.yaml"]
     pod = find(objects, "Deployment", "shadow-consumer-jetstream")["spec"]["template"]
     readers = [command_options(c["command"]) for c in pod["spec"]["containers"]]
+    live = find(render(LIVE_OVERLAY), "Deployment", "shadow-replay-live")["spec"]["template"]
+    readers += [command_options(c["command"]) for c in live["spec"]["containers"]]
     return Config.from_text(text), readers
 
 
