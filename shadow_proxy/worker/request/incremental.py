@@ -84,9 +84,11 @@ class IncrementalEncoder:
             return cls(tokenizer, None, cache, fallback_reason=str(e))
         return cls(tokenizer, segmenter, cache)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens, identical to a full encode."""
-        return self.encode_many([text])[0]
+    def encode(self, text: str, *, counted: bool = True) -> list[int]:
+        """Token ids of ``text`` without special tokens, identical to a full encode.
+        ``counted=False``: a part of a prompt encoded again (``prompt_spans``), left out
+        of ``returned_tokens``/``encoded_tokens``, the prompt-token metrics."""
+        return self.encode_many([text], counted=counted)[0]
 
     def encode_output(self, text: str, *, conversation: bool = True) -> list[int]:
         """A full encode of ``text`` (an answer's output). The piece the next turn
@@ -112,15 +114,16 @@ class IncrementalEncoder:
         self.cache.put(prefix + text + suffix, array(IDS, piece_ids))
         return ids
 
-    def encode_many(self, texts: list[str]) -> list[list[int]]:
+    def encode_many(self, texts: list[str], *, counted: bool = True) -> list[list[int]]:
         """``encode`` of each text; the segments nobody has seen go to the tokenizer in
         one batch call, which runs on its Rust threads without the GIL."""
         if self.segmenter is None:
             encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
             result = [encoding.ids for encoding in encodings]
-            total = sum(map(len, result))
-            self.encoded_tokens += total
-            self.returned_tokens += total
+            if counted:
+                total = sum(map(len, result))
+                self.encoded_tokens += total
+                self.returned_tokens += total
             return result
         # Two levels: a gap of the first cut (at non-normalized tokens) is looked up
         # whole, and only when it is new is it cut again at the normalized ones
@@ -160,7 +163,8 @@ class IncrementalEncoder:
             for piece, encoding in zip(missing, encodings, strict=True):
                 ids = found[piece]
                 ids.extend(encoding.ids)
-                self.encoded_tokens += len(ids)
+                if counted:
+                    self.encoded_tokens += len(ids)
                 cache.put(piece, ids)
         for gap, pieces in new_gaps.items():
             if len(pieces) == 1 and pieces[0] == gap:
@@ -181,6 +185,7 @@ class IncrementalEncoder:
                     out.append(gap)
                 else:
                     out.extend(found[gap])
-            self.returned_tokens += len(out)
+            if counted:
+                self.returned_tokens += len(out)
             result.append(out.tolist())
         return result

@@ -91,8 +91,15 @@ def _spans(
             prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
         return template.render({**request, "messages": prefix, "add_generation_prompt": False})
 
+    encoder = model.prompt_encoder
+
     def encode_text(piece: str) -> list[int]:
-        return model.encode(piece if vllm or "\0" not in piece else piece.replace("\0", ""))
+        piece = piece if vllm or "\0" not in piece else piece.replace("\0", "")
+        # Parts of the prompt just encoded: the incremental encoder finds their
+        # segments in its cache (its ids are a full encode's, so the same spans).
+        if encoder is not None:
+            return encoder.encode(piece, counted=False)
+        return model.encode(piece)
 
     added = _added_tokens(model.backend)
     try:

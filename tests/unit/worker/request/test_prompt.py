@@ -143,3 +143,47 @@ class TestDirect:
             prompt.completion_tokens(model, {}, media)
         assert prompt.completion_tokens(model, {"prompt_embeds": "AAAA"}, media) == []
         assert media == {prompt.PROMPT_EMBEDS_KEY: "AAAA"}
+
+
+class TestSpansWithThePromptEncoder:
+    """The spans' encodes go through the prompt encoder: the same spans as full
+    encodes, found in its cache (no tokenizer call), not counted as prompt tokens."""
+
+    @pytest.mark.parametrize("model_name", MODELS)
+    def test_same_spans_from_the_cache(self, model_dirs, model_name):
+        import attrs
+
+        from shadow_proxy.worker.request.incremental import IncrementalEncoder
+        from shadow_proxy.worker.request.preprocess import Preprocessor
+        from shadow_proxy.worker.request.tokenizer import load_model
+
+        plain = load_model(model_name, str(model_dirs[model_name]))
+        encoder = IncrementalEncoder.for_tokenizer(plain.backend)
+        assert encoder.segmenter is not None
+        messages = [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "Four, as it happens."},
+            {"role": "user", "content": "And 3+3?"},
+        ]
+        request = {"model": model_name, "messages": messages}
+        want = run(Preprocessor({model_name: plain}), Route.CHAT, request)
+        calls = []
+        tokenizer = encoder.tokenizer
+
+        class Counting:
+            def encode_batch_fast(self, texts, **options):
+                calls.append(texts)
+                return tokenizer.encode_batch_fast(texts, **options)
+
+            def __getattr__(self, name):
+                return getattr(tokenizer, name)
+
+        encoder.tokenizer = counting = Counting()
+        cached = attrs.evolve(plain, backend=counting, prompt_encoder=encoder)
+        got = run(Preprocessor({model_name: cached}), Route.CHAT, request)
+        assert isinstance(got, PreprocessedRequest) and isinstance(want, PreprocessedRequest)
+        assert got.prompt_spans is not None
+        assert (got.token_ids, got.prompt_spans) == (want.token_ids, want.prompt_spans)
+        assert len(calls) == 1  # the prompt's segments; the spans' come from the cache
+        assert encoder.returned_tokens == len(got.token_ids)
