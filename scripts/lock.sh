@@ -4,6 +4,8 @@
 #   dev.txt         the dev extra (tools, jinja2 and the test tools): `make`'s venv
 #   image-lean.txt  the core dependencies: the lean image
 #   image-full.txt  core + the jinja2 extra (transformers): the full image
+#   image-tools.txt core + jinja2 + tools (numpy, numba, matplotlib, pyarrow):
+#                   the tools image (shadow-replay as a live service, shadow-trace)
 #   build.txt       pip and setuptools for the image's builder stage
 #
 # Every file pins exact versions with the sha256 of every wheel and sdist of
@@ -23,4 +25,6 @@ compile() {
 compile --extra dev pyproject.toml -o requirements/dev.txt
 compile -c requirements/dev.txt pyproject.toml -o requirements/image-lean.txt
 compile -c requirements/dev.txt --extra jinja2 pyproject.toml -o requirements/image-full.txt
+compile -c requirements/dev.txt --extra jinja2 --extra tools pyproject.toml \
+  -o requirements/image-tools.txt
 compile requirements/build.in -o requirements/build.txt

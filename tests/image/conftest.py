@@ -28,6 +28,7 @@ from tests.support import ROOT
 BASE_IMAGE = os.environ.get("SHADOW_PROXY_IMAGE_BASE", "localhost/shadow-proxy-base:bookworm")
 LEAN = "localhost/shadow-proxy:test-lean"
 FULL = "localhost/shadow-proxy:test-full"
+TOOLS = "localhost/shadow-proxy:test-tools"
 #: The machine's CA bundle, handed to pip in the build (a build secret).
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 #: What each test's `podman run` adds: the lockdown the issue asks for.
@@ -102,6 +103,8 @@ def podman() -> Iterator[Podman]:
 class Images:
     lean: str
     full: str
+    #: full and the tools extra: shadow-replay as the live shadow service, shadow-trace.
+    tools: str
     base: str
     #: Wall seconds each variant's build took (cached layers make it short).
     build_s: dict[str, float]
@@ -130,14 +133,14 @@ def build(podman: Podman, tag: str, variant: str, log: Path) -> float:
 
 @pytest.fixture(scope="session")
 def images(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Images:
-    """Both variants, built from the Debian base (the build is the first check:
+    """The three variants, built from the Debian base (the build is the first check:
     it failed on any Debian base before issue 29)."""
     logs = tmp_path_factory.mktemp("builds")
     seconds = {
         variant: build(podman, tag, variant, logs / f"{variant}.log")
-        for variant, tag in (("lean", LEAN), ("full", FULL))
+        for variant, tag in (("lean", LEAN), ("full", FULL), ("tools", TOOLS))
     }
-    return Images(LEAN, FULL, BASE_IMAGE, seconds)
+    return Images(LEAN, FULL, TOOLS, BASE_IMAGE, seconds)
 
 
 def run_detached(

@@ -1,6 +1,7 @@
-"""What the two images are: built from the Debian base, run as uid 10001, no
-pip or compiler, the lean one without transformers and within ~150 MB of its
-base, installed from the lock files (issue 29 items 1, 3 and 5)."""
+"""What the images are: built from the Debian base, run as uid 10001, no pip
+or compiler, the lean one without transformers and within ~150 MB of its base,
+installed from the lock files (issue 29 items 1, 3 and 5); the tools variant
+runs shadow-replay and shadow-trace (issue 30's live shadow overlay)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def locked(name: str, environment: dict[str, str]) -> dict[str, str]:
     return pins
 
 
-@pytest.mark.parametrize("variant", ["lean", "full"])
+@pytest.mark.parametrize("variant", ["lean", "full", "tools"])
 def test_runs_as_uid_10001(images: Images, podman: Podman, variant: str) -> None:
     image = getattr(images, variant)
     assert podman("image", "inspect", "--format", "{{.Config.User}}", image).stdout.strip() == (
@@ -61,21 +62,22 @@ def test_runs_as_uid_10001(images: Images, podman: Podman, variant: str) -> None
 
 
 @pytest.mark.parametrize(
-    ("variant", "lock"), [("lean", "image-lean.txt"), ("full", "image-full.txt")]
+    ("variant", "lock"),
+    [("lean", "image-lean.txt"), ("full", "image-full.txt"), ("tools", "image-tools.txt")],
 )
 def test_installed_from_the_lock_without_pip(
     images: Images, podman: Podman, variant: str, lock: str
 ) -> None:
     found = probe(podman, getattr(images, variant))
     assert found["tools"] == [], "no compiler, no curl"
-    wanted = {"transformers"} if variant == "full" else set()
+    wanted = set() if variant == "lean" else {"transformers"}
     assert set(found["present"]) == wanted, "no pip, setuptools or wheel in the runtime"
     dists = dict(found["dists"])
     assert dists.pop("shadow-proxy") == "0.1.0"
     assert dists == locked(lock, found["environment"]), f"exactly {lock}'s packages and versions"
 
 
-@pytest.mark.parametrize("variant", ["lean", "full"])
+@pytest.mark.parametrize("variant", ["lean", "full", "tools"])
 def test_the_image_holds_this_checkouts_code(images: Images, podman: Podman, variant: str) -> None:
     """Every module as the checkout has it: a cached layer must never keep old
     code (buildah 1.28 reused the install step of a changed wheel)."""
@@ -97,8 +99,9 @@ def test_the_image_holds_this_checkouts_code(images: Images, podman: Podman, var
 def test_sizes(images: Images, podman: Podman) -> None:
     """Issue 29 item 5: the lean image adds at most ~150 MB to its base (it was
     362 MB on a 225 MB base, with transformers, numpy and pip)."""
-    sizes = {name: size_mb(podman, getattr(images, name)) for name in ("base", "lean", "full")}
-    added = {n: sizes[n] - sizes["base"] for n in ("lean", "full")}
+    names = ("base", "lean", "full", "tools")
+    sizes = {name: size_mb(podman, getattr(images, name)) for name in names}
+    added = {n: sizes[n] - sizes["base"] for n in names[1:]}
     print(
         "\nimage sizes (podman image inspect): "
         + ", ".join(f"{n} {s:.0f} MB" for n, s in sizes.items())
@@ -118,7 +121,7 @@ def test_the_health_check_is_kept(images: Images, podman: Podman) -> None:
 
 
 def test_variant_label_and_bad_variant(images: Images, podman: Podman) -> None:
-    for variant in ("lean", "full"):
+    for variant in ("lean", "full", "tools"):
         label = podman(
             "image",
             "inspect",
@@ -129,4 +132,18 @@ def test_variant_label_and_bad_variant(images: Images, podman: Podman) -> None:
         assert label.stdout.strip() == variant
     done = podman(*build_args("fat", "localhost/shadow-proxy:test-fat"), check=False, timeout=600)
     assert done.returncode != 0
-    assert "VARIANT must be lean or full (got fat)" in done.stdout + done.stderr
+    assert "VARIANT must be lean, full or tools (got fat)" in done.stdout + done.stderr
+
+
+def test_the_tools_image_runs_the_tools(images: Images, podman: Podman) -> None:
+    """The live shadow overlay's image: shadow-replay's live service and
+    shadow-trace with their numeric libraries (issue 30); the sidecar's images
+    stay without them."""
+    script = "import numpy, numba, matplotlib, pyarrow, xxhash; print('ok')"
+    done = podman("run", "--rm", "--entrypoint", "python3", images.tools, "-c", script)
+    assert done.stdout.strip() == "ok"
+    for tool, flag in (("shadow-replay", "--metrics-port"), ("shadow-trace", "analyze")):
+        usage = podman("run", "--rm", "--entrypoint", tool, images.tools, "--help").stdout
+        assert flag in usage, usage
+    lean = podman("run", "--rm", "--entrypoint", "python3", images.lean, "-c", script, check=False)
+    assert lean.returncode != 0, "numpy in the sidecar's image"

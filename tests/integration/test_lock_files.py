@@ -23,7 +23,12 @@ REQUIREMENTS = ROOT / "requirements"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 NAME = canonicalize_name(PROJECT["name"])
 #: Lock file -> the extras of pyproject.toml it must cover (besides the core).
-LOCKS = {"dev.txt": ["dev"], "image-lean.txt": [], "image-full.txt": ["jinja2"]}
+LOCKS = {
+    "dev.txt": ["dev"],
+    "image-lean.txt": [],
+    "image-full.txt": ["jinja2"],
+    "image-tools.txt": ["jinja2", "tools"],
+}
 
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
@@ -82,7 +87,7 @@ def test_every_pin_has_a_hash(lock: str) -> None:
 def test_the_images_run_the_versions_the_tests_ran() -> None:
     """image-*.txt are resolved within dev.txt's pins (scripts/lock.sh)."""
     dev = pins(REQUIREMENTS / "dev.txt")
-    for lock in ("image-lean.txt", "image-full.txt"):
+    for lock in ("image-lean.txt", "image-full.txt", "image-tools.txt"):
         differ = {n: v for n, v in pins(REQUIREMENTS / lock).items() if dev.get(n) != v}
         assert not differ, f"{lock} pins differ from dev.txt: {differ}"
 
