@@ -6,7 +6,7 @@ durable) -> ``Gate`` (``--sample``, ``--max-rps``, and a full queue) -> the
 replay's scheduler (``--concurrency`` in flight per target) -> the candidate
 (and the baseline) -> ``live.LiveObserver`` (counters, histograms, the
 rolling window). Every ``live.REFRESH_S`` seconds the window is judged
-(``window.Window.prepare`` in a thread, then the bootstrap in the judge
+(``window.Window.preparing`` in steps, then the bootstrap in the judge
 process, ``judging``: the batch report's statistics, away from the loop that
 serves ``/metrics``) and the gauges are set.
 
@@ -206,12 +206,19 @@ def make_observer(options: ReplayOptions, window_s: float) -> LiveObserver:
 
 async def _refresh(observer: LiveObserver, judge: JudgeProcess) -> None:
     """Judge the window every ``REFRESH_S``, the judging included: the counts in
-    a thread, the bootstrap in the judge process (the loop keeps serving). A
+    steps, the bootstrap in the judge process (the loop keeps serving). A
     refresh whose judge process failed publishes nothing (it was counted)."""
     while True:
         started = time.monotonic()
         pairs = observer.window.pairs(time.monotonic_ns())
-        prepared = await asyncio.to_thread(observer.window.prepare, pairs)
+        steps = observer.window.preparing(pairs)
+        while True:  # in the loop, a step at a time (a thread would contend for the GIL)
+            try:
+                next(steps)
+            except StopIteration as done:
+                prepared = done.value
+                break
+            await asyncio.sleep(0)
         with contextlib.suppress(JudgeFailed):
             observer.publish(prepared.snapshot(await judge.judge(prepared.request)))
         await asyncio.sleep(max(0.0, REFRESH_S - (time.monotonic() - started)))

@@ -3,8 +3,8 @@ judged with the batch report's own statistics.
 
 Pure (numpy through ``stats``, no socket; the clock is passed in).
 ``Window.add`` runs once per replayed pair, as it finishes; a snapshot is made
-on every refresh (at least every 5 s) in three steps: ``Window.prepare`` (the
-counts, cheap; the service runs it in a thread), ``judge_latencies`` (the
+on every refresh (at least every 5 s) in three steps: ``Window.preparing`` (the
+counts, cheap, in steps: the service's loop serves between them), ``judge_latencies`` (the
 bootstrap: up to a second of numpy on thousands of pairs, so the service runs
 it in its judge process, ``judging``, on the ``JudgeRequest``: plain values
 and float64 bytes) and ``Prepared.snapshot``; ``Window.judge`` does all three
@@ -39,7 +39,7 @@ What a snapshot holds (``Snapshot``):
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -58,6 +58,8 @@ DEFAULT_MAX_PAIRS = 50_000
 #: ``--max-samples``). The paired bootstrap's cost grows with the pairs: 6,000
 #: (20 records/s over 300 s) took 4.6 s of a loaded core, 2,000 a third of it.
 JUDGED_PAIRS = 2_000
+#: Pairs ``Window.preparing`` counts between two yields (a few ms of Python).
+PREPARE_STEP = 200
 #: ``shadow_replay_verdict`` values by ``verdicts`` verdict (no_verdict: NaN).
 VERDICT_VALUES = {HIGHER: 1.0, NO_DIFFERENCE: 0.0, LOWER: -1.0}
 NAN = float("nan")
@@ -158,7 +160,7 @@ class Window:
             self._pairs.popleft()
 
     def pairs(self, now_ns: int) -> list[Pair]:
-        """The window's pairs at ``now_ns`` (a copy: judge it in another thread)."""
+        """The window's pairs at ``now_ns`` (a copy: it is judged while more come)."""
         self.expire(now_ns)
         return list(self._pairs)
 
@@ -170,9 +172,21 @@ class Window:
         return prepared.snapshot(judge_latencies(prepared.request))
 
     def prepare(self, pairs: list[Pair]) -> Prepared:
+        """The cheap part of a snapshot (``preparing`` in one go)."""
+        steps = self.preparing(pairs, len(pairs) + 1)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def preparing(
+        self, pairs: list[Pair], step: int = PREPARE_STEP
+    ) -> Generator[None, None, Prepared]:
         """The cheap part of a snapshot: ``pairs`` fed to a ``stats.Tally``, the
         output verdict and exact match counted, and the latency columns (at most
-        ``JUDGED_PAIRS`` values each) put in a ``JudgeRequest``."""
+        ``JUDGED_PAIRS`` values each) put in a ``JudgeRequest``, returned. It
+        yields after every ``step`` pairs (the service's loop serves between)."""
         tally = Tally(
             has_baseline=self.has_baseline,
             tolerance=self.tolerance,
@@ -181,7 +195,9 @@ class Window:
             samples=Samples(max_samples=JUDGED_PAIRS),
         )
         matched = {"candidate": [0, 0], "baseline": [0, 0]}
-        for p in pairs:
+        for n, p in enumerate(pairs, 1):
+            if n % step == 0:
+                yield
             tally.add(p.primary, p.candidate, p.diff, p.baseline, p.baseline_diff)
             if not p.greedy:
                 continue
