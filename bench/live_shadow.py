@@ -10,11 +10,13 @@
 3. ``shadow-replay --endpoint ... --metrics-port`` as a child process, window
    ``--window-s``, for ``--duration-s``, then SIGTERM.
 
-Measured: the replayer's RSS every ``--sample-s`` (``/proc/PID/statm``), and
-the wall time of a ``GET /metrics`` once a second. Reported: RSS once the first
-window is full (``--window-s`` plus one minute of warm-up) and its highest and
-lowest after that, the growth as a share of the first, the /metrics p50, p99
-and max, the requests replayed and the exit status after SIGTERM.
+Measured: the replayer's RSS every ``--sample-s`` (``/proc/PID/statm``), its
+judge process's apart (the replayer's children), and the wall time of a
+``GET /metrics`` once a second. Reported: RSS once the first window is full
+(``--window-s`` plus one minute of warm-up) and its highest and lowest after
+that, the growth as a share of the first, the judge's RSS over the same span,
+the /metrics p50, p90, p99 and max, the requests replayed, the judge crashes
+and the exit status after SIGTERM.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import zmq
 
 from bench.bench_replay import MODEL, bench_envelope, frontend_ids
-from bench.procfs import rss_mb
+from bench.procfs import children, rss_mb
 from bench.tables import commit
 from shadow_proxy.devtools.processes import Child, cli_argv, reserve_port, wait_http_ok
 from shadow_proxy.records import wire
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         frontends.append(Child(name, frontend_argv, scratch, merge_output=True).start())
     stop, endpoint = threading.Event(), []
     publisher = threading.Thread(target=publish, args=(endpoint, stop, args))
-    samples: list[tuple[float, float]] = []
+    #: (seconds, the replayer's RSS, its children's: the judge process)
+    samples: list[tuple[float, float, float]] = []
     latencies: list[float] = []
     try:
         for name, frontend in zip(urls, frontends, strict=True):
@@ -158,12 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             latencies.append(took)
             now = time.monotonic()
             if now >= next_sample:
-                samples.append((round(now - started, 1), round(rss_mb(replayer.pid), 1)))
+                judge = sum(rss_mb(child) for child in children(replayer.pid))
+                samples.append((round(now - started, 1), round(rss_mb(replayer.pid), 1), judge))
                 next_sample += args.sample_s
             time.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
         replayed = sample_value(
             text, 'shadow_replay_requests_total{outcome="ok",target="candidate"}'
         )
+        crashes = sample_value(text, "shadow_replay_judge_crashes_total")
         replayer.send_signal(signal.SIGTERM)
         status = replayer.wait(60)
         log.close()
@@ -173,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             publisher.join(5)
         for frontend in frontends:
             frontend.terminate(10)
-    warm = [rss for t, rss in samples if t >= args.window_s + 60] or [samples[-1][1]]
+    full = [s for s in samples if s[0] >= args.window_s + 60] or samples[-1:]
+    warm, judge_warm = [s[1] for s in full], [round(s[2], 1) for s in full]
     ordered = sorted(latencies)
     result: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k != "json" and v is not None},
@@ -181,15 +187,18 @@ def main(argv: list[str] | None = None) -> int:
         "rss_mb_first_full_window": warm[0],
         "rss_mb_after": {"min": min(warm), "max": max(warm)},
         "rss_growth": round((max(warm) - warm[0]) / warm[0], 4),
+        "judge_rss_mb_after": {"min": min(judge_warm), "max": max(judge_warm)},
         "metrics_ms": {
             "n": len(ordered),
             "p50": round(statistics.median(ordered) * 1e3, 2),
+            "p90": round(ordered[int(0.90 * (len(ordered) - 1))] * 1e3, 2),
             "p99": round(ordered[int(0.99 * (len(ordered) - 1))] * 1e3, 2),
             "max": round(ordered[-1] * 1e3, 2),
         },
         "candidate_ok": replayed,
+        "judge_crashes": crashes,
         "exit_status": status,
-        "rss_samples": samples,
+        "rss_samples": [[t, main, round(judge, 1)] for t, main, judge in samples],
     }
     text_out = json.dumps(result, indent=2)
     print(text_out)

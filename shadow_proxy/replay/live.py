@@ -104,6 +104,11 @@ class LiveMetrics:
         self.pairs = Gauge(
             "shadow_replay_window_pairs", "Pairs in the current window.", registry=registry
         )
+        self.judge_crashes = Counter(
+            "shadow_replay_judge_crashes",
+            "Times the judge process (the window's bootstrap) died or hung; it is started again.",
+            registry=registry,
+        )
         for target in targets:  # every series exists from the start (a rate reads 0, not absent)
             for outcome in OUTCOMES:
                 self.requests.labels(target, outcome)

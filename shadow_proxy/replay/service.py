@@ -5,9 +5,10 @@ The flow, one record at a time: the source (a live tap, or a JetStream
 durable) -> ``Gate`` (``--sample``, ``--max-rps``, and a full queue) -> the
 replay's scheduler (``--concurrency`` in flight per target) -> the candidate
 (and the baseline) -> ``live.LiveObserver`` (counters, histograms, the
-rolling window). Every ``live.REFRESH_S`` seconds the window is judged in a
-thread (``window.Window.judge``: the batch report's statistics) and the
-gauges are set.
+rolling window). Every ``live.REFRESH_S`` seconds the window is judged
+(``window.Window.preparing`` in steps, then the bootstrap in the judge
+process, ``judging``: the batch report's statistics, away from the loop that
+serves ``/metrics``) and the gauges are set.
 
 What the gate refuses is counted in ``shadow_replay_skipped_total`` by reason
 and acknowledged (it was handled: a durable does not deliver it again):
@@ -49,6 +50,7 @@ from prometheus_client import CollectorRegistry
 
 from shadow_proxy.arguments import fraction, positive
 from shadow_proxy.records import filters, sources
+from shadow_proxy.replay.judging import JudgeFailed, JudgeProcess
 from shadow_proxy.replay.live import REFRESH_S, LiveMetrics, LiveObserver, make_app
 from shadow_proxy.replay.verdicts import default_tolerance
 from shadow_proxy.replay.window import DEFAULT_WINDOW_S, Window
@@ -202,13 +204,23 @@ def make_observer(options: ReplayOptions, window_s: float) -> LiveObserver:
     return LiveObserver(window, metrics)
 
 
-async def _refresh(observer: LiveObserver) -> None:
-    """Judge the window every ``REFRESH_S``, the judging included (in a thread:
-    the loop keeps serving)."""
+async def _refresh(observer: LiveObserver, judge: JudgeProcess) -> None:
+    """Judge the window every ``REFRESH_S``, the judging included: the counts in
+    steps, the bootstrap in the judge process (the loop keeps serving). A
+    refresh whose judge process failed publishes nothing (it was counted)."""
     while True:
         started = time.monotonic()
         pairs = observer.window.pairs(time.monotonic_ns())
-        observer.publish(await asyncio.to_thread(observer.window.judge, pairs))
+        steps = observer.window.preparing(pairs)
+        while True:  # in the loop, a step at a time (a thread would contend for the GIL)
+            try:
+                next(steps)
+            except StopIteration as done:
+                prepared = done.value
+                break
+            await asyncio.sleep(0)
+        with contextlib.suppress(JudgeFailed):
+            observer.publish(prepared.snapshot(await judge.judge(prepared.request)))
         await asyncio.sleep(max(0.0, REFRESH_S - (time.monotonic() - started)))
 
 
@@ -226,18 +238,21 @@ async def serve(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     stopped: list[int] = []
+    limited = replay.limit(source.deliveries())
 
     def on_signal(sig: int) -> None:
         if not stopped:
             say(f"{signal.Signals(sig).name}: stopping (grace {args.grace_s:g} s)")
         stopped.append(sig)
+        limited.stopped_by = "signal"  # the run's summary says so, not "end"
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     runner = web.AppRunner(make_app(observer), handler_cancellation=True, access_log=None)
     await runner.setup()
-    refresher = asyncio.create_task(_refresh(observer), name="replay-window")
+    judge = JudgeProcess(say, observer.metrics.judge_crashes.inc)
+    refresher = asyncio.create_task(_refresh(observer, judge), name="replay-window")
     try:
         site = web.TCPSite(runner, args.metrics_host, args.metrics_port)
         await site.start()
@@ -249,8 +264,10 @@ async def serve(
         except TargetUnavailable as exc:  # a service waits for its candidate
             say(f"{exc}; replaying anyway (failures are counted)")
         gate = Gate(replay, args, drop_when_full=not source.redelivers)
-        records: AsyncIterable[Any] = gate.passed(aiter(replay.limit(source.deliveries())), stop)
-        run = asyncio.create_task(replay.run(records, lambda: source.stats.unreadable))
+        records: AsyncIterable[Any] = gate.passed(aiter(limited), stop)
+        run = asyncio.create_task(
+            replay.run(records, lambda: source.stats.unreadable, limited=limited)
+        )
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({run, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
@@ -267,6 +284,7 @@ async def serve(
         refresher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await refresher
+        await judge.aclose()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await runner.cleanup()

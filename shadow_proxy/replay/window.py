@@ -2,10 +2,13 @@
 judged with the batch report's own statistics.
 
 Pure (numpy through ``stats``, no socket; the clock is passed in).
-``Window.add`` runs once per replayed pair, as it finishes; ``Window.judge``
-runs on every refresh (the service calls it at least every 5 s, in a thread:
-the bootstrap takes a fraction of a second on thousands of pairs). A snapshot
-is made by feeding the window's pairs to a fresh ``stats.Tally`` (its
+``Window.add`` runs once per replayed pair, as it finishes; a snapshot is made
+on every refresh (at least every 5 s) in three steps: ``Window.preparing`` (the
+counts, cheap, in steps: the service's loop serves between them), ``judge_latencies`` (the
+bootstrap: up to a second of numpy on thousands of pairs, so the service runs
+it in its judge process, ``judging``, on the ``JudgeRequest``: plain values
+and float64 bytes) and ``Prepared.snapshot``; ``Window.judge`` does all three
+here. A snapshot is made by feeding the window's pairs to a fresh ``stats.Tally`` (its
 counts, its sample columns, its ``--max-error-rate`` gate) and calling
 ``verdicts.judge`` on its columns as ``Tally.latency`` does, so a window's
 verdict is the one the batch report would give on the same pairs: paired
@@ -36,10 +39,11 @@ What a snapshot holds (``Snapshot``):
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from typing import Any, Protocol
 
 import attrs
+import numpy as np
 
 from shadow_proxy.replay.compare import Difference, Observation
 from shadow_proxy.replay.request import CandidateRequest
@@ -54,6 +58,8 @@ DEFAULT_MAX_PAIRS = 50_000
 #: ``--max-samples``). The paired bootstrap's cost grows with the pairs: 6,000
 #: (20 records/s over 300 s) took 4.6 s of a loaded core, 2,000 a third of it.
 JUDGED_PAIRS = 2_000
+#: Pairs ``Window.preparing`` counts between two yields (a few ms of Python).
+PREPARE_STEP = 200
 #: ``shadow_replay_verdict`` values by ``verdicts`` verdict (no_verdict: NaN).
 VERDICT_VALUES = {HIGHER: 1.0, NO_DIFFERENCE: 0.0, LOWER: -1.0}
 NAN = float("nan")
@@ -154,12 +160,33 @@ class Window:
             self._pairs.popleft()
 
     def pairs(self, now_ns: int) -> list[Pair]:
-        """The window's pairs at ``now_ns`` (a copy: judge it in another thread)."""
+        """The window's pairs at ``now_ns`` (a copy: it is judged while more come)."""
         self.expire(now_ns)
         return list(self._pairs)
 
     def judge(self, pairs: list[Pair]) -> Snapshot:
-        """The snapshot of ``pairs`` (from ``pairs``), by ``stats.Tally``."""
+        """The snapshot of ``pairs`` (from ``pairs``), in this process: ``prepare``,
+        ``judge_latencies``, ``Prepared.snapshot`` (the service runs the middle
+        step in its judge process, ``judging``)."""
+        prepared = self.prepare(pairs)
+        return prepared.snapshot(judge_latencies(prepared.request))
+
+    def prepare(self, pairs: list[Pair]) -> Prepared:
+        """The cheap part of a snapshot (``preparing`` in one go)."""
+        steps = self.preparing(pairs, len(pairs) + 1)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def preparing(
+        self, pairs: list[Pair], step: int = PREPARE_STEP
+    ) -> Generator[None, None, Prepared]:
+        """The cheap part of a snapshot: ``pairs`` fed to a ``stats.Tally``, the
+        output verdict and exact match counted, and the latency columns (at most
+        ``JUDGED_PAIRS`` values each) put in a ``JudgeRequest``, returned. It
+        yields after every ``step`` pairs (the service's loop serves between)."""
         tally = Tally(
             has_baseline=self.has_baseline,
             tolerance=self.tolerance,
@@ -168,7 +195,9 @@ class Window:
             samples=Samples(max_samples=JUDGED_PAIRS),
         )
         matched = {"candidate": [0, 0], "baseline": [0, 0]}
-        for p in pairs:
+        for n, p in enumerate(pairs, 1):
+            if n % step == 0:
+                yield
             tally.add(p.primary, p.candidate, p.diff, p.baseline, p.baseline_diff)
             if not p.greedy:
                 continue
@@ -176,39 +205,92 @@ class Window:
                 if diff is not None and diff.output_equal is not None:
                     matched[target][0] += diff.output_equal
                     matched[target][1] += 1
-        ratios, verdicts, reasons = {}, {}, {}
         reference = "baseline" if self.has_baseline else "primary"
-        failed = tally.failed()
-        for metric in METRICS:
-            name = metric.removesuffix("_ms")
-            column = tally.samples.column
-            judged = judge(
-                column(f"{metric}.candidate"),
-                column(f"{metric}.{reference}"),
-                reference_name=reference,
-                tolerance=self.tolerance,
-                min_diff_ms=self.min_diff_ms,
-                failed=failed,
-                min_pairs=tally.min_pairs,
-            )
-            ratio, ci = judged.ratio_p50, judged.ci95
-            ratios[name] = (
-                NAN if ratio is None else ratio,
-                NAN if ci is None else ci[0],
-                NAN if ci is None else ci[1],
-            )
-            verdicts[name] = VERDICT_VALUES.get(judged.verdict, NAN)
-            reasons[name] = judged.reason
+        column = tally.samples.column
+        request = JudgeRequest(
+            reference=reference,
+            tolerance=self.tolerance,
+            min_diff_ms=self.min_diff_ms,
+            failed=tally.failed(),
+            min_pairs=tally.min_pairs,
+            columns={
+                m: (column(f"{m}.candidate").tobytes(), column(f"{m}.{reference}").tobytes())
+                for m in METRICS
+            },
+        )
         counted = tally.fields["output"].counted
         if tally.compared < MIN_PAIRS:
-            verdicts["output"] = NAN
-            reasons["output"] = f"{tally.compared} outputs compared, at least {MIN_PAIRS} needed"
+            output = (NAN, f"{tally.compared} outputs compared, at least {MIN_PAIRS} needed")
         else:
-            verdicts["output"] = float(counted > self.max_error_rate * tally.compared)
-            reasons["output"] = f"{counted} of {tally.compared} outputs differ (counted)"
+            output = (
+                float(counted > self.max_error_rate * tally.compared),
+                f"{counted} of {tally.compared} outputs differ (counted)",
+            )
         targets = ("candidate", "baseline") if self.has_baseline else ("candidate",)
         exact = {t: matched[t][0] / matched[t][1] if matched[t][1] else NAN for t in targets}
-        return Snapshot(len(pairs), ratios, verdicts, exact, reasons)
+        return Prepared(len(pairs), request, output, exact)
+
+
+@attrs.frozen
+class JudgeRequest:
+    """What the latency verdicts need, and only that (plain values and the
+    columns as float64 bytes: what is sent to the judge process)."""
+
+    reference: str
+    tolerance: float
+    min_diff_ms: float
+    failed: str | None
+    min_pairs: int
+    #: metric (``stats.METRICS``) -> (candidate, reference) float64 bytes.
+    columns: dict[str, tuple[bytes, bytes]]
+
+
+#: metric name (ttft, itl, e2e) -> (p50 ratio, low, high, verdict value, reason).
+Latencies = dict[str, tuple[float, float, float, float, str]]
+
+
+def judge_latencies(request: JudgeRequest) -> Latencies:
+    """The latency verdicts of ``request`` (``verdicts.judge``, the bootstrap:
+    the costly part); plain numbers back."""
+    judged: Latencies = {}
+    for metric, (candidate, reference) in request.columns.items():
+        j = judge(
+            np.frombuffer(candidate, dtype=np.float64),
+            np.frombuffer(reference, dtype=np.float64),
+            reference_name=request.reference,
+            tolerance=request.tolerance,
+            min_diff_ms=request.min_diff_ms,
+            failed=request.failed,
+            min_pairs=request.min_pairs,
+        )
+        ratio, ci = j.ratio_p50, j.ci95
+        judged[metric.removesuffix("_ms")] = (
+            NAN if ratio is None else float(ratio),
+            NAN if ci is None else float(ci[0]),
+            NAN if ci is None else float(ci[1]),
+            VERDICT_VALUES.get(j.verdict, NAN),
+            j.reason,
+        )
+    return judged
+
+
+@attrs.frozen
+class Prepared:
+    """A snapshot but for its latency verdicts (``Window.prepare``)."""
+
+    pairs: int
+    request: JudgeRequest
+    #: The output verdict and its reason.
+    output: tuple[float, str]
+    exact_match: dict[str, float]
+
+    def snapshot(self, latencies: Latencies) -> Snapshot:
+        """The snapshot, with the latency verdicts of ``judge_latencies``."""
+        ratios = {name: values[:3] for name, values in latencies.items()}
+        verdicts = {name: values[3] for name, values in latencies.items()}
+        reasons = {name: values[4] for name, values in latencies.items()}
+        verdicts["output"], reasons["output"] = self.output
+        return Snapshot(self.pairs, ratios, verdicts, self.exact_match, reasons)
 
 
 def empty_snapshot(has_baseline: bool) -> Snapshot:

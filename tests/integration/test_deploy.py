@@ -100,6 +100,7 @@ EXPORTED: dict[str, tuple[str, frozenset[str]]] = {
     "shadow_replay_verdict": ("gauge", frozenset({"metric"})),
     "shadow_replay_exact_match_ratio": ("gauge", frozenset({"target"})),
     "shadow_replay_window_pairs": ("gauge", frozenset()),
+    "shadow_replay_judge_crashes": ("counter", frozenset()),
 }
 #: Labels Prometheus adds to every series (target labels) or to buckets.
 TARGET_LABELS = frozenset({"namespace", "pod", "container", "instance", "job", "endpoint", "le"})

@@ -312,6 +312,7 @@ class TestAA:
         summary = json.loads((out / "summary.json").read_text())
         assert summary["replayed"] > 0 and summary["errors"] > 0
         assert summary["records"] >= summary["replayed"]
+        assert summary["run"]["stopped_by"] == "signal"
 
 
 class TestSlower:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
-from shadow_proxy.records import filters
+from shadow_proxy.devtools.processes import reserve_port
+from shadow_proxy.records import filters, sources
 from shadow_proxy.replay.runner import Replay, ReplayOptions
 from shadow_proxy.replay.service import Gate, TokenBucket, add_arguments, sample_key
 
@@ -116,3 +119,28 @@ class TestGate:
 
         await asyncio.wait_for(read(), 5)
         assert got == ["r0"]
+
+
+class TestServe:
+    """The service until a signal, in front of a live tap that sends nothing."""
+
+    async def test_sigterm_is_said_in_the_summary(self) -> None:
+        from shadow_proxy.replay.live import LiveObserver
+        from shadow_proxy.replay.service import make_observer, serve
+
+        options = ReplayOptions(candidate="http://127.0.0.1:9", out_dir=None)
+        observer: LiveObserver = make_observer(options, 10.0)
+        r = Replay(options, "test", observer=observer)
+        source = sources.TapSource([f"tcp://127.0.0.1:{reserve_port()}"], "t")
+        said: list[str] = []
+
+        def say(line: str) -> None:
+            said.append(line)
+            if line.startswith("serving "):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        a = args("--metrics-port", "0", "--grace-s", "5")
+        summary, stopped = await asyncio.wait_for(serve(r, observer, source, a, say), 30)
+        assert stopped == signal.SIGTERM
+        assert summary["run"]["stopped_by"] == "signal"
+        assert any(line.startswith("SIGTERM: stopping") for line in said)
