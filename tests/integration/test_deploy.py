@@ -388,7 +388,9 @@ class TestDockerfile:
     def test_builds_from_any_python_base_offline(self) -> None:
         """Issue 29: ``--build-arg BASE``; ``python3`` (Debian's Python has no
         ``python``); no ``# syntax=`` line (BuildKit would fetch a frontend image);
-        every package from a lock file, with hashes, binary wheels only."""
+        every package from a lock file, with hashes, binary wheels only, but for
+        the source-only packages named in SOURCE_ONLY (nkeys), built from their
+        hash-checked source with the locked setuptools and installed offline."""
         text = (DEPLOY / "Dockerfile").read_text()
         assert re.search(r"(?m)^ARG BASE=python:3\.11-slim$", text)
         froms = re.findall(r"(?m)^FROM (\S+)", text)
@@ -401,7 +403,17 @@ class TestDockerfile:
         assert locked, installs
         for install in locked:
             assert "--require-hashes" in install and "--only-binary=:all:" in install, install
-            assert re.search(r"-r \"?requirements/image-", install), install
+            assert re.search(r"-r (/tmp/wheels\.txt|\"?requirements/image-)", install), install
+        flat = runs.replace("\\\n", " ")
+        assert re.findall(r"wheels_of \"?([^\s\"]+)\"? > /tmp/wheels\.txt", flat) == [
+            "requirements/image-lean.txt",
+            "requirements/image-${VARIANT}.txt",
+        ]
+        assert re.search(r'(?m)SOURCE_ONLY="\^\(nkeys\)=="', text), "only nkeys from source"
+        [built] = [w for w in re.findall(r"pip wheel [^;]*", flat) if "-r " in w]
+        assert "--require-hashes" in built and "--no-build-isolation" in built, built
+        assert "-r /tmp/sources.txt" in built, built
+        assert re.search(r"install --quiet --no-deps --no-index\s+\S*from-source", flat)
         assert "id=pip.conf" in text and "id=ca.crt" in text, "pip's index and CA as build secrets"
 
     def test_exposes_the_proxy_and_tap_ports(self, config: dict[str, Any]) -> None:
