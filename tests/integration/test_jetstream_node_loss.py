@@ -38,7 +38,7 @@ from shadow_proxy.records.jetstream_source import JetStreamSource
 from shadow_proxy.records.wire import decode_envelope, encode_envelope
 from tests.integration.harness import Proxy, sample
 from tests.integration.jetstream_helpers import REFERENCE_TAPS, on_nats
-from tests.support.jetstream import MODEL, nats_section
+from tests.support.jetstream import MODEL, nats_section, tap_messages
 from tests.support.nats import stream_info
 from tests.support.replay import joined_record
 from tests.support.servers import TEST_WORKER
@@ -300,6 +300,10 @@ class TestLeaderKilled:
             assert len(outages) <= 2 and output.count("answering again") == len(outages), output
         summary = json.loads(out)
         assert summary["records"] == REQUESTS and summary["duplicates"] == 0, summary
+        # The proxy's publisher through both kills: each record stored once (the
+        # readers' dedup would hide a doubled one).
+        stored = await tap_messages(urls, f"shadow.{tap['topic']}")
+        assert sorted(int(m.headers["Shadow-Seq"]) for m in stored) == list(range(REQUESTS))
         keys = []
         for entry in read_entries(recorded):
             assert not isinstance(entry, Unreadable), entry
