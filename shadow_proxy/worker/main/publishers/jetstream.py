@@ -86,6 +86,15 @@ TICK_S = 0.05
 IDLE_TICK_S = 1.0
 CLOSE_S = 2.0
 LOG_EVERY_S = 10.0
+#: What a connection error that is not a refusal says (the client names only its
+#: class): the server went away (a node killed or restarted), or none answers.
+LOST = {
+    "UnexpectedEOF": "the server closed the connection",
+    "ConnectionResetError": "the server reset the connection",
+    "ConnectionRefusedError": "no server listening at the address",
+    "TimeoutError": "no answer in time",
+    "StaleConnectionError": "the server stopped answering pings",
+}
 
 
 class JetStreamLink:
@@ -339,7 +348,10 @@ class JetStreamLink:
             self.stats.refusals += 1
             self.note("refused: %s", refusal)
         else:
-            self.note("connection: %s", type(error).__name__)
+            name = type(error).__name__
+            self.note(
+                "connection lost, reconnecting: %s (%s)", LOST.get(name, "no cause given"), name
+            )
 
     async def _on_disconnected(self) -> None:
         self.stats.connected = False
