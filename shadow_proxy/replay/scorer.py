@@ -77,7 +77,7 @@ class Scorer:
         body = score_body(model, prompt_ids, output_ids, self.top_k)
         try:
             async with self._session.post(self.url, json=body) as resp:
-                data = await resp.content.read(MAX_BODY_BYTES + 1)
+                data = await _read_bounded(resp.content, MAX_BODY_BYTES + 1)
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             msg = f"{type(exc).__name__}: {exc}"
@@ -94,6 +94,18 @@ class Scorer:
             msg = "an answer that is not JSON"
             raise ScoringError(msg) from None
         return Scoring.from_response(answer, output_ids)
+
+
+async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """The body to its end, or its first ``limit`` bytes (``read(n)`` alone returns
+    whatever has arrived: part of an answer that comes in several pieces)."""
+    data = bytearray()
+    while len(data) < limit:
+        piece = await content.read(limit - len(data))
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
 
 
 def output_ids(envelope: Mapping[str, Any]) -> list[int] | None:

@@ -4,6 +4,7 @@ replay with ``--score`` (report section, score.png, summary ``score``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
@@ -21,35 +22,32 @@ from tests.support.servers import serve
 from tests.unit.replay.test_client import vllm_like
 
 
+def answer(prompt: list[int], shift: float = 0.0, *, scores: bool = True) -> dict[str, Any]:
+    """A scoring answer: every token at probability 0.5 (its top-1), token 0 at
+    0.25 - ``shift``; without ``scores`` the field is left out (Dynamo)."""
+    entries: list[Any] = [None]
+    for token in prompt[1:]:
+        other = 0 if token != 0 else 1
+        entries.append(
+            {
+                str(token): {"logprob": math.log(0.5), "rank": 1, "decoded_token": f"<{token}>"},
+                str(other): {"logprob": math.log(0.25 - shift), "rank": 2, "decoded_token": "o"},
+            }
+        )
+    choice: dict[str, Any] = {"index": 0, "text": "x", "finish_reason": "length"}
+    if scores:
+        choice["prompt_logprobs"] = entries
+    return {"choices": [choice]}
+
+
 def engine(shift: float = 0.0, *, scores: bool = True) -> web.Application:
-    """Answers scoring requests: every token at probability 0.5 (its top-1), token
-    0 at 0.25 - ``shift``; without ``scores`` the field is left out (Dynamo)."""
+    """Answers scoring requests (``answer``), and other requests as vLLM would."""
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if "prompt_logprobs" not in body:
             return await vllm_like(request)
-        entries: list[Any] = [None]
-        for token in body["prompt"][1:]:
-            other = 0 if token != 0 else 1
-            entries.append(
-                {
-                    str(token): {
-                        "logprob": math.log(0.5),
-                        "rank": 1,
-                        "decoded_token": f"<{token}>",
-                    },
-                    str(other): {
-                        "logprob": math.log(0.25 - shift),
-                        "rank": 2,
-                        "decoded_token": "o",
-                    },
-                }
-            )
-        choice: dict[str, Any] = {"index": 0, "text": "x", "finish_reason": "length"}
-        if scores:
-            choice["prompt_logprobs"] = entries
-        return web.json_response({"choices": [choice]})
+        return web.json_response(answer(body["prompt"], shift, scores=scores))
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -90,6 +88,31 @@ class TestScorer:
                     await s.probe("deepseek")
             finally:
                 await s.close()
+
+    async def test_an_answer_in_pieces(self) -> None:
+        """vLLM under load sends a long answer in several pieces: all are read (one
+        read returned the first piece alone: 'an answer that is not JSON')."""
+
+        async def in_pieces(request: web.Request) -> web.StreamResponse:
+            body = json.dumps(answer((await request.json())["prompt"])).encode()
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = len(body)
+            await resp.prepare(request)
+            for start in range(0, len(body), 7):
+                await resp.write(body[start : start + 7])
+                await asyncio.sleep(0.001)  # each piece on its own
+            await resp.write_eof()
+            return resp
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", in_pieces)
+        async with serve(app) as url:
+            s = scorer(url)
+            try:
+                got = await s.score("deepseek", [1, 2], [3, 4, 5])
+            finally:
+                await s.close()
+        assert len(got) == 3 and got.texts == ("<3>", "<4>", "<5>")
 
     async def test_error_status(self) -> None:
         app = web.Application()
