@@ -34,7 +34,6 @@ from shadow_proxy.devtools.loadgen import LoadSpec, run_load
 from shadow_proxy.devtools.nats_server import NatsCluster
 from shadow_proxy.devtools.processes import reserve_port, wait_until
 from shadow_proxy.records.files import Unreadable, read_entries
-from shadow_proxy.records.jetstream_source import JetStreamSource
 from shadow_proxy.records.wire import decode_envelope, encode_envelope
 from tests.integration.harness import Proxy, sample
 from tests.integration.jetstream_helpers import REFERENCE_TAPS, on_nats
@@ -376,92 +375,3 @@ class TestEveryServerDown:
         # (seen: 13 of 20), and are counted as duplicates, not handled again.
         assert summary["records"] == 40, summary
         assert summary["nats_retries"] > 0
-
-
-async def acknowledged(urls: list[str], durable: str, stream_seq: int) -> bool:
-    """The durable's acknowledgement floor reached ``stream_seq``: what its leader
-    (a new one, after a kill) knows, not what a reader sent. (The next record may
-    await its ack: a fetch takes a batch.)"""
-    try:
-        nc = await nats.connect(urls, connect_timeout=2)
-    except (nats.errors.Error, OSError, TimeoutError):
-        return False
-    try:
-        info = await nc.jetstream(timeout=2).consumer_info("SHADOW", durable)
-        return info.ack_floor.stream_seq >= stream_seq
-    except (nats.errors.Error, TimeoutError):
-        return False
-    finally:
-        await nc.close()
-
-
-#: Longer than the election and the wait for the ack floor: a lost ack would
-#: otherwise be made good by the redelivery's (the reader acknowledges a duplicate).
-ACK_WAIT_S = 40.0
-
-
-class TestAckDuringOutage:
-    """A record acknowledged just after its durable's leader is SIGKILLed, by a
-    reader on a surviving server: before a new leader is elected nobody listens
-    on the ack subject, so a plain publish of the ack is lost and the record
-    comes again after ``ack_wait``. The confirmed acknowledgement
-    (``records/jetstream_retry.py``) is sent again until the new leader answers:
-    the new leader's ack floor covers the record. The fetch of the next record,
-    made at the same moment, meets the leaderless durable too (503, or no
-    answer) and is tried again, said in one line (the test above may or may not
-    catch a fetch in the outage: an election can end within a fetch's wait)."""
-
-    async def test_confirmed_ack_survives_the_election(
-        self, nats_cluster: NatsCluster, tmp_path: Path
-    ) -> None:
-        urls = nats_cluster.urls
-        nc = await nats.connect(urls)
-        try:
-            await nc.jetstream().add_stream(
-                api.StreamConfig(name="SHADOW", subjects=["shadow.>"], num_replicas=3)
-            )
-        finally:
-            await nc.close()
-        records = [joined_record(k, "x", max_tokens=1, arrival_ms=k) for k in range(2)]
-        for record in records:
-            record["tap"] = TAP
-        await Publisher(urls, records).run(stop_at=2)
-        # The durable created first, to learn its leader; the reader then connects
-        # to another server only (its ack goes to a server that stays up).
-        first = JetStreamSource(urls, "SHADOW", TAP, "acks", ack_wait_s=ACK_WAIT_S)
-        await first.open()
-        await first.aclose()
-        leader_name = await wait_until(
-            lambda: durable_leader(urls, "acks"), 30, what="the durable's leader"
-        )
-        leader = next(s for s in nats_cluster.servers if s.name == leader_name)
-        survivors = [s.url for s in nats_cluster.servers if s is not leader]
-        lines: list[str] = []
-        source = JetStreamSource(
-            survivors[:1], "SHADOW", TAP, "acks", ack_wait_s=ACK_WAIT_S, batch=1, log=lines.append
-        )
-        deliveries = source.deliveries()
-        try:
-            delivery = await asyncio.wait_for(anext(deliveries), 30)
-            assert delivery.envelope["seq"] == 0
-            leader.kill()
-            # Both meet the leaderless durable: the ack, and the fetch of the next record.
-            _, following = await asyncio.wait_for(
-                asyncio.gather(delivery.ack(), anext(deliveries)), 60
-            )
-            await wait_until(
-                lambda: acknowledged(survivors, "acks", 1), 20, what="the ack at the new leader"
-            )
-            # The next delivery is the next record, not the first again (a new leader
-            # that had not yet heard of the first delivery sends it again: seen once
-            # in three runs, counted in ``duplicates`` and not yielded).
-            assert following.envelope["seq"] == 1, following.envelope
-            await following.ack()
-            await wait_until(lambda: acknowledged(survivors, "acks", 2), 30, what="the second ack")
-        finally:
-            await deliveries.aclose()
-            await source.aclose()
-        # The fetch waited the election out, and said so: once, and once when over.
-        outages = [line for line in lines if "not answering" in line]
-        assert len(outages) == 1 and sum("answering again" in line for line in lines) == 1, lines
-        print(lines, source.stats)

@@ -11,6 +11,7 @@ others start.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,14 @@ from tests.integration.test_vllm import _model_entry, _requests
 from tests.support import ROOT
 from tests.support.vllm import Fleet
 
-pytestmark = [pytest.mark.vllm("llama", "llama-noisy", "llama-other"), pytest.mark.timeout(1500)]
+#: The noisy-weights case needs a fourth vLLM server, 2-3 minutes of both cores
+#: that CI's 30 minutes cannot spare: it runs with SHADOW_PROXY_VLLM_NOISY=1
+#: (`SHADOW_PROXY_VLLM_NOISY=1 .venv/bin/python -m pytest tests/integration/test_vllm_score.py`).
+NOISY = os.environ.get("SHADOW_PROXY_VLLM_NOISY") == "1"
+pytestmark = [
+    pytest.mark.vllm("llama", "llama-other", *(("llama-noisy",) if NOISY else ())),
+    pytest.mark.timeout(1500),
+]
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 
 
@@ -76,6 +84,7 @@ class TestScore:
         assert score["greedy_records"] == 20 and score["sampled_records"] == 10
         assert (score_dir / "same" / "score.png").exists()
 
+    @pytest.mark.skipif(not NOISY, reason="a fourth vLLM server: SHADOW_PROXY_VLLM_NOISY=1")
     async def test_noisy_weights(self, vllm_fleet: Fleet, score_dir: Path) -> None:
         records = await self._records(vllm_fleet, score_dir)
         llama = (await vllm_fleet.ready("llama")).base_url
