@@ -245,6 +245,24 @@ def aiperf_round(url: str, out: Path, args: argparse.Namespace) -> dict[str, Any
     }
 
 
+def mock_frontend_argv(port: int, ttft_ms: float, itl_ms: float, max_tokens: int) -> list[str]:
+    """The built-in frontend serving the DeepSeek dir on ``port`` at these latencies."""
+    return cli_argv(
+        "mock-frontend",
+        "--port",
+        str(port),
+        "--model",
+        f"deepseek={MODEL}",
+        "--ttft-ms",
+        str(ttft_ms),
+        "--itl-ms",
+        str(itl_ms),
+        "--default-max-tokens",
+        str(max_tokens),
+        log_level=None,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_replay", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -268,20 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     port = reserve_port()
     url = f"http://127.0.0.1:{port}"
-    frontend_argv = cli_argv(
-        "mock-frontend",
-        "--port",
-        str(port),
-        "--model",
-        f"deepseek={MODEL}",
-        "--ttft-ms",
-        str(args.ttft_ms),
-        "--itl-ms",
-        str(args.itl_ms),
-        "--default-max-tokens",
-        str(args.max_tokens),
-        log_level=None,
-    )
+    frontend_argv = mock_frontend_argv(port, args.ttft_ms, args.itl_ms, args.max_tokens)
     cpus = args.frontend_cpus if args.frontend_cpus and shutil.which("taskset") else None
     with Child("frontend", frontend_argv, scratch, cpus=cpus, merge_output=True) as frontend:
         asyncio.run(wait_http_ok(url + "/health", 60, children=[frontend]))

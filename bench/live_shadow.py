@@ -37,10 +37,10 @@ from typing import Any
 
 import zmq
 
-from bench.bench_replay import MODEL, bench_envelope, frontend_ids
+from bench.bench_replay import MODEL, bench_envelope, frontend_ids, mock_frontend_argv
 from bench.procfs import children, rss_mb
 from bench.tables import commit
-from shadow_proxy.devtools.processes import Child, cli_argv, reserve_port, wait_http_ok
+from shadow_proxy.devtools.processes import Child, reserve_port, wait_http_ok
 from shadow_proxy.records import wire
 
 TOPIC = "bench"
@@ -101,20 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("candidate", "baseline"):
         port = reserve_port()
         urls[name] = f"http://127.0.0.1:{port}"
-        frontend_argv = cli_argv(
-            "mock-frontend",
-            "--port",
-            str(port),
-            "--model",
-            f"deepseek={MODEL}",
-            "--ttft-ms",
-            str(args.ttft_ms),
-            "--itl-ms",
-            str(args.itl_ms),
-            "--default-max-tokens",
-            str(args.max_tokens),
-            log_level=None,
-        )
+        frontend_argv = mock_frontend_argv(port, args.ttft_ms, args.itl_ms, args.max_tokens)
         frontends.append(Child(name, frontend_argv, scratch, merge_output=True).start())
     stop, endpoint = threading.Event(), []
     publisher = threading.Thread(target=publish, args=(endpoint, stop, args))
