@@ -88,34 +88,31 @@ class Publisher:
             await nc.close()
 
 
+async def consumer_info(urls: list[str], durable: str) -> api.ConsumerInfo | None:
+    """The durable's state as the cluster answers it now, or None (no server or
+    no leader answering)."""
+    try:
+        nc = await nats.connect(urls, connect_timeout=2)
+    except (nats.errors.Error, OSError, TimeoutError):
+        return None
+    try:
+        return await nc.jetstream(timeout=2).consumer_info("SHADOW", durable)
+    except (nats.errors.Error, TimeoutError):
+        return None
+    finally:
+        await nc.close()
+
+
 async def caught_up(urls: list[str], durable: str, count: int) -> bool:
     """The durable delivered ``count`` records and all are acknowledged: its
     reader is idle, fetching (so the kill meets a fetch: 503 until a new leader)."""
-    try:
-        nc = await nats.connect(urls, connect_timeout=2)
-    except (nats.errors.Error, OSError, TimeoutError):
-        return False
-    try:
-        info = await nc.jetstream(timeout=2).consumer_info("SHADOW", durable)
-        return info.delivered.stream_seq >= count and info.num_ack_pending == 0
-    except (nats.errors.Error, TimeoutError):
-        return False
-    finally:
-        await nc.close()
+    info = await consumer_info(urls, durable)
+    return info is not None and info.delivered.stream_seq >= count and info.num_ack_pending == 0
 
 
 async def durable_leader(urls: list[str], durable: str) -> str | None:
-    try:
-        nc = await nats.connect(urls, connect_timeout=2)
-    except (nats.errors.Error, OSError, TimeoutError):
-        return None
-    try:
-        info = await nc.jetstream(timeout=2).consumer_info("SHADOW", durable)
-        return info.cluster.leader if info.cluster else None
-    except (nats.errors.Error, TimeoutError):
-        return None
-    finally:
-        await nc.close()
+    info = await consumer_info(urls, durable)
+    return info.cluster.leader if info is not None and info.cluster else None
 
 
 def tool(name: str, *args: str) -> list[str]:
@@ -152,17 +149,8 @@ async def stream_exists(urls: list[str]) -> bool:
 async def durable_idle(urls: list[str], durable: str) -> bool:
     """Nothing left for the durable to deliver, nothing awaiting its ack: its
     reader is idle, fetching (so a kill meets a fetch: 503 until a new leader)."""
-    try:
-        nc = await nats.connect(urls, connect_timeout=2)
-    except (nats.errors.Error, OSError, TimeoutError):
-        return False
-    try:
-        info = await nc.jetstream(timeout=2).consumer_info("SHADOW", durable)
-        return info.num_pending == 0 and info.num_ack_pending == 0
-    except (nats.errors.Error, TimeoutError):
-        return False
-    finally:
-        await nc.close()
+    info = await consumer_info(urls, durable)
+    return info is not None and info.num_pending == 0 and info.num_ack_pending == 0
 
 
 def proxy_text(frontend: str, model_dirs: dict[str, Path], urls: list[str], tap: dict) -> str:
