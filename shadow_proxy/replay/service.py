@@ -32,6 +32,12 @@ to it as usual, so replay resumes on its own when it answers again.
 SIGTERM (or SIGINT): stop reading, let the requests in flight and queued
 finish within ``--grace-s`` (then cancel them), write the report of the whole
 run when ``--out`` is given, exit 0 (130 after SIGINT).
+
+Once serving, the objects made at start-up (the imports, the tokenizer: about
+90,000) are frozen out of the garbage collector's reach (``gc.freeze``): a
+full collection then walks only what the run holds (the window's pairs), and
+the pause it puts between two scrapes of ``/metrics`` stays short (a full
+collection of start-up and window together took 50 to 90 ms of a core).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 import time
@@ -263,6 +270,7 @@ async def serve(
             await replay.check_targets()
         except TargetUnavailable as exc:  # a service waits for its candidate
             say(f"{exc}; replaying anyway (failures are counted)")
+        gc.freeze()  # start-up's objects stay: full collections walk only the run's
         gate = Gate(replay, args, drop_when_full=not source.redelivers)
         records: AsyncIterable[Any] = gate.passed(aiter(limited), stop)
         run = asyncio.create_task(
