@@ -16,7 +16,7 @@ judge process's apart (the replayer's children), and the wall time of a
 (``--window-s`` plus one minute of warm-up) and its highest and lowest after
 that, the growth as a share of the first, the judge's RSS over the same span,
 the /metrics p50, p90, p99 and max, the requests replayed, the judge crashes
-and the exit status after SIGTERM.
+and the exit status after SIGTERM. A line a minute on stderr says how far it is.
 """
 
 from __future__ import annotations
@@ -74,6 +74,20 @@ def scrape(url: str) -> tuple[float, str]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         body = resp.read().decode()
     return time.perf_counter() - started, body
+
+
+def progress(
+    sample: tuple[float, float, float], latencies: list[float], text: str, duration_s: float
+) -> None:
+    """One line a minute on stderr: where the run is (it lasts half an hour)."""
+    elapsed, rss, judge = sample
+    ok = sample_value(text, 'shadow_replay_requests_total{outcome="ok",target="candidate"}')
+    print(
+        f"live_shadow: {elapsed:.0f}/{duration_s:.0f} s, {ok:.0f} replayed, RSS {rss} MB"
+        f" (judge {judge:.1f}), /metrics max so far {max(latencies) * 1e3:.1f} ms",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def sample_value(text: str, line_start: str) -> float:
@@ -151,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 judge = sum(rss_mb(child) for child in children(replayer.pid))
                 samples.append((round(now - started, 1), round(rss_mb(replayer.pid), 1), judge))
                 next_sample += args.sample_s
+                if len(samples) % max(1, round(60 / args.sample_s)) == 0:
+                    progress(samples[-1], latencies, text, args.duration_s)
             time.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
         replayed = sample_value(
             text, 'shadow_replay_requests_total{outcome="ok",target="candidate"}'
