@@ -27,9 +27,8 @@ Combined (``families``), by what a sample means:
   sources is the latest report's.
 
 What a SIGKILLed process counted after its last report is not known to anyone:
-a shard reports with the records it counts when idle (at most every 0.1 s:
-the messages of faster requests wait for the report), once a second when busy;
-the worker's tap counters are recovered from its checkpoint.
+a shard reports right after the records it counts when idle, once a second
+when busy; the worker's tap counters are recovered from its checkpoint.
 """
 
 from __future__ import annotations

@@ -22,11 +22,8 @@ Per message, around the joiner (each loss counted, never silent):
 - after each message the main is told which taps still wait for the request
   (``Settle``), so that a shard's death costs exactly those (``worker_died``).
 
-Metrics reports: when idle, with the records they count in one write, at most
-every ``REPORT_EVERY_S`` (faster requests' messages wait for the next, at most
-that long); when busy, once a second. Every second too, the RSS check: past
-``worker.max_rss_mb`` the shard asks to be replaced, and keeps serving until
-the main says so.
+Every second: a metrics report, and the RSS check: past ``worker.max_rss_mb``
+the shard asks to be replaced, and keeps serving until the main says so.
 On ``Exit`` or when the main's socket closes: open requests get their
 ``shutdown`` records, then the shard exits.
 """
@@ -63,12 +60,6 @@ from shadow_proxy.worker.shard.outbox import Outbox
 log = logging.getLogger(__name__)
 
 SNAPSHOT_S = 1.0
-#: Idle, a shard sends its metrics with the records they count (one write, so
-#: the main relays both in one snapshot), but at most this often: a report
-#: (prometheus_client's collect of ~80 samples) took 0.45-0.64 ms, and paced
-#: traffic leaves a shard idle after nearly every request. Until the report is
-#: due, an idle shard holds what it has to send (at most this long).
-REPORT_EVERY_S = 0.1
 #: While over ``worker.max_rss_mb``, how often a shard asks again to be replaced.
 RETIRE_ASK_S = 10.0
 READ_BYTES = 1 << 20
@@ -115,10 +106,6 @@ class ShardLoop:
         #: When the shard last asked to be replaced; requests it has handled.
         self.retire_asked = 0.0
         self.requests = 0
-        #: When the shard last reported its metrics; whether it holds messages
-        #: (records, drops, settles) until its next report.
-        self.reported_at = 0.0
-        self.owed = False
         registry = joiner.metrics.registry
         self.intake_lag = intake_lag_histogram(registry)
         self.late = late_counter(registry)
@@ -301,7 +288,6 @@ class ShardLoop:
 
     def report(self) -> None:
         self.outbox.send(messages.Metrics(snapshot(self.joiner.metrics.registry)))
-        self.reported_at, self.owed = time.monotonic(), False
 
     def periodic(self) -> None:
         self.report()
@@ -322,16 +308,11 @@ class ShardLoop:
         running = True
         while running:
             now = time.monotonic()
-            due = self.reported_at + REPORT_EVERY_S
             if now >= next_snapshot:
                 next_snapshot = now + SNAPSHOT_S
                 self.periodic()
                 self.outbox.flush()
-            elif self.owed and now >= due:
-                self.report()  # with what was held
-                self.outbox.flush()
-            wake = min(next_snapshot, due) if self.owed else next_snapshot
-            if not poller.poll(max(0, (wake - now) * 1000)):
+            if not poller.poll(max(0, (next_snapshot - now) * 1000)):
                 continue
             data = self.outbox.sock.recv(READ_BYTES)
             if not data:
@@ -341,12 +322,8 @@ class ShardLoop:
                     running = False
                     break
             if running and not poller.poll(0):
-                # Idle: the metrics with the records they count, in one write (the
-                # main relays both in one snapshot), at most every REPORT_EVERY_S:
-                # until then the messages wait with the report. Busy: once a second.
-                if time.monotonic() < self.reported_at + REPORT_EVERY_S:
-                    self.owed = True
-                    continue
+                # Idle: the metrics now, right after the records they count (the
+                # main relays both in one snapshot). Busy: once a second.
                 self.report()
             self.outbox.flush()
         self.finish()

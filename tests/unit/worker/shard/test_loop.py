@@ -4,7 +4,6 @@ losses with their reasons, which taps still wait), with the real tokenizer."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import pytest
@@ -219,34 +218,3 @@ class TestGuard:
         assert "sk-secret" not in caplog.text
         assert "unpack requires" not in caplog.text, "the exception's message is logged"
         assert guarded(metrics, lambda: None) is True
-
-
-class TestReports:
-    """Idle, the shard sends its metrics with the records they count, in one write
-    (the main relays both in one snapshot), and at most every ``REPORT_EVERY_S``:
-    requests that come faster wait with the report instead of going without it
-    (what it saves is measured by the isolation benchmark, not here)."""
-
-    def test_records_come_with_their_report(self, shard):
-        loop, main = shard
-        runner = threading.Thread(target=loop.run)
-        runner.start()
-        main.sock.settimeout(30)
-        writes: list[list[messages.ShardMessage]] = []
-        try:
-            for key in range(1, 6):  # back to back: most within REPORT_EVERY_S
-                main.sock.sendall(q(key, time.monotonic_ns()) + e(key, [SSE], head=True))
-                got: list[messages.ShardMessage] = []
-                while sum(isinstance(m, messages.Record) for m in got) < 2:
-                    data = main.sock.recv(1 << 20)
-                    assert data, "the shard closed its socket"
-                    write = [messages.decode(split_frames(m)) for m in main.decoder.feed(data)]
-                    writes.append(write)
-                    got += write
-        finally:
-            main.sock.sendall(stream_message(messages.Exit().encode()))
-            runner.join(30)
-        with_records = [w for w in writes if any(isinstance(m, messages.Record) for m in w)]
-        assert with_records
-        for write in with_records:
-            assert isinstance(write[-1], messages.Metrics), [type(m).__name__ for m in write]
