@@ -13,7 +13,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js import api
 
-from shadow_proxy.records.jetstream_retry import ACK, Retrier
+from shadow_proxy.records.jetstream_retry import ACK, ACK_RESENDS, Retrier
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(60)]
 
@@ -31,7 +31,7 @@ async def test_jetstream_confirms_an_ack(nats_server) -> None:
         retrier = Retrier("stream 'ACKS'", None)
         await retrier.confirmed_ack(nc, msg.reply)()
         info = await sub.consumer_info()
-        assert retrier.retries == 0  # answered the first time
+        assert retrier.retries < ACK_RESENDS  # answered (a stalled machine may resend)
         assert info.num_ack_pending == 0 and info.ack_floor.stream_seq == 1
     finally:
         await nc.close()
@@ -39,13 +39,14 @@ async def test_jetstream_confirms_an_ack(nats_server) -> None:
 
 async def test_an_unanswered_ack_is_sent_again(nats_server) -> None:
     """The reply subject's listener drops the first acknowledgement and answers
-    the second: the reader waits for the answer, sending it again once."""
+    every one after it: the reader waits for an answer, sending it again (once on
+    a quiet machine; more if one stalls past the wait)."""
     nc = await nats.connect(nats_server.urls)
     got: list[bytes] = []
 
     async def listener(msg: Msg) -> None:
         got.append(msg.data)
-        if len(got) == 2:
+        if len(got) >= 2:
             await msg.respond(b"")
 
     try:
@@ -53,7 +54,7 @@ async def test_an_unanswered_ack_is_sent_again(nats_server) -> None:
         await nc.flush()
         retrier = Retrier("stream 'ACKS'", None)
         await asyncio.wait_for(retrier.confirmed_ack(nc, "acks.reply")(), 20)
-        assert got == [ACK, ACK]
-        assert retrier.retries == 1
+        assert len(got) >= 2 and set(got) == {ACK}
+        assert retrier.retries >= 1
     finally:
         await nc.close()
