@@ -44,6 +44,8 @@ from shadow_proxy.devtools.processes import Child, reserve_port, wait_http_ok
 from shadow_proxy.records import wire
 
 TOPIC = "bench"
+#: The /metrics line counting the requests the candidate answered.
+CANDIDATE_OK = 'shadow_replay_requests_total{outcome="ok",target="candidate"}'
 
 
 def publish(endpoint_out: list[str], stop: threading.Event, args: argparse.Namespace) -> None:
@@ -81,7 +83,7 @@ def progress(
 ) -> None:
     """One line a minute on stderr: where the run is (it lasts half an hour)."""
     elapsed, rss, judge = sample
-    ok = sample_value(text, 'shadow_replay_requests_total{outcome="ok",target="candidate"}')
+    ok = sample_value(text, CANDIDATE_OK)
     print(
         f"live_shadow: {elapsed:.0f}/{duration_s:.0f} s, {ok:.0f} replayed, RSS {rss} MB"
         f" (judge {judge:.1f}), /metrics max so far {max(latencies) * 1e3:.1f} ms",
@@ -168,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 if len(samples) % max(1, round(60 / args.sample_s)) == 0:
                     progress(samples[-1], latencies, text, args.duration_s)
             time.sleep(max(0.0, 1.0 - (time.monotonic() - now)))
-        replayed = sample_value(
-            text, 'shadow_replay_requests_total{outcome="ok",target="candidate"}'
-        )
+        replayed = sample_value(text, CANDIDATE_OK)
         crashes = sample_value(text, "shadow_replay_judge_crashes_total")
         replayer.send_signal(signal.SIGTERM)
         status = replayer.wait(60)
