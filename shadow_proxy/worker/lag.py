@@ -28,6 +28,8 @@ import enum
 import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from shadow_proxy.channel import tally
+
 #: Record lag buckets, 1 ms to 10 minutes.
 LAG_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
@@ -67,22 +69,34 @@ def record_lag_histogram(registry: CollectorRegistry) -> Histogram:
     )
 
 
-def intake_lag_histogram(registry: CollectorRegistry) -> Histogram:
-    return Histogram(
+def intake_lag_histogram(on: tally.Tally) -> tally.Histogram:
+    """On a shard's tally (a shard observes it)."""
+    return on.histogram(
         "shadow_worker_intake_lag_seconds",
         "How old a request was when the worker started on it (the worker falling behind).",
         buckets=LAG_BUCKETS,
-        registry=registry,
     )
+
+
+_LATE = (
+    "shadow_worker_late",
+    "Requests or records given up because they were older than worker.max_lag_s, by stage.",
+    ["stage"],
+)
 
 
 def late_counter(registry: CollectorRegistry) -> Counter:
-    counter = Counter(
-        "shadow_worker_late",
-        "Requests or records given up because they were older than worker.max_lag_s, by stage.",
-        ["stage"],
-        registry=registry,
-    )
+    """On the main's registry (stage ``queue``)."""
+    counter = Counter(*_LATE, registry=registry)
+    for stage in LateStage:
+        counter.labels(stage)
+    return counter
+
+
+def shard_late_counter(on: tally.Tally) -> tally.Counter:
+    """On a shard's tally (stages ``intake`` and ``end``); the main's and the
+    shards' are one family, summed (``channel/families.py``)."""
+    counter = on.counter(*_LATE)
     for stage in LateStage:
         counter.labels(stage)
     return counter

@@ -40,21 +40,18 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from prometheus_client import Counter
-
-from shadow_proxy.channel.families import snapshot
 from shadow_proxy.channel.handoff import Chunks, End, HandoffError, Kind, Request, peek
 from shadow_proxy.channel.stream import StreamDecoder, split_frames
 from shadow_proxy.config import Config, Priority
 from shadow_proxy.exchange import DropReason, EndKind
 from shadow_proxy.worker import messages, priority
 from shadow_proxy.worker.budget import WorkBudget
-from shadow_proxy.worker.lag import LagBound, LateStage, intake_lag_histogram, late_counter
+from shadow_proxy.worker.lag import LagBound, LateStage, intake_lag_histogram, shard_late_counter
 from shadow_proxy.worker.request.tokenizer import ModelLoadError
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 from shadow_proxy.worker.shard.joiner import Joiner
 from shadow_proxy.worker.shard.metrics import JoinerMetrics
-from shadow_proxy.worker.shard.models import TokenizerMetrics, load_models
+from shadow_proxy.worker.shard.models import load_models, tokenizer_families
 from shadow_proxy.worker.shard.outbox import Outbox
 
 log = logging.getLogger(__name__)
@@ -106,20 +103,20 @@ class ShardLoop:
         #: When the shard last asked to be replaced; requests it has handled.
         self.retire_asked = 0.0
         self.requests = 0
-        registry = joiner.metrics.registry
-        self.intake_lag = intake_lag_histogram(registry)
-        self.late = late_counter(registry)
-        self.budget_exceeded = Counter(
+        tally = joiner.metrics.tally
+        self.intake_lag = intake_lag_histogram(tally)
+        self.late = shard_late_counter(tally)
+        self.budget_exceeded = tally.counter(
             "shadow_worker_budget_exceeded",
             "Requests whose response was read no further, by work budget "
             "(decoded: worker.max_decoded_bytes; events: more than n x max_tokens "
             "accounts for; cpu: worker.max_request_cpu_s).",
             ["budget"],
-            registry=registry,
         )
         for budget in WorkBudget:
             self.budget_exceeded.labels(budget)
-        registry.register(TokenizerMetrics(joiner.models))
+        models = joiner.models
+        tally.register(lambda: tokenizer_families(models))
 
     def waiting(self, key: bytes) -> list[int]:
         """The records the request still owes (joined taps, per prompt of a batch)."""
@@ -287,7 +284,7 @@ class ShardLoop:
         return pages * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
 
     def report(self) -> None:
-        self.outbox.send(messages.Metrics(snapshot(self.joiner.metrics.registry)))
+        self.outbox.send(messages.Metrics(self.joiner.metrics.tally.families()))
 
     def periodic(self) -> None:
         self.report()

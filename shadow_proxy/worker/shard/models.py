@@ -6,11 +6,11 @@ encoder and its prompt-bytes budget) and their tokenizer metrics. Runs in a shar
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import attrs
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
+from shadow_proxy.channel.families import Family
 from shadow_proxy.config import Config
 from shadow_proxy.worker.budget import Budget, longest_token_bytes
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
@@ -18,40 +18,44 @@ from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, l
 
 log = logging.getLogger(__name__)
 
+TOKENS = "shadow_tokenizer_tokens_total"
+INCREMENTAL = "shadow_tokenizer_incremental_processes"
 
-class TokenizerMetrics(Collector):
-    """Incremental tokenization, per model: tokens encoded vs reused, cache bytes."""
 
-    def __init__(self, models: dict[str, LoadedModel]):
-        self.models = models
-
-    def collect(self):
-        tokens = CounterMetricFamily(
+def tokenizer_families(models: dict[str, LoadedModel]) -> list[Family]:
+    """Incremental tokenization, per model: tokens encoded vs reused, cache bytes
+    (read from the encoders when a report is made)."""
+    tokens: list[list[Any]] = []
+    cache: list[list[Any]] = []
+    incremental: list[list[Any]] = []
+    for name, model in models.items():
+        encoder = model.prompt_encoder
+        if encoder is None:
+            continue
+        encoded, per_model = encoder.encoded_tokens, {"model": name}
+        tokens.append([TOKENS, {**per_model, "source": "encoded"}, encoded])
+        tokens.append(
+            [TOKENS, {**per_model, "source": "reused"}, encoder.returned_tokens - encoded]
+        )
+        cache.append(["shadow_tokenizer_cache_bytes", per_model, encoder.cache.size_bytes])
+        incremental.append([INCREMENTAL, per_model, 0 if encoder.fallback_reason else 1])
+    return [
+        [
             "shadow_tokenizer_tokens",
+            "counter",
             "Prompt tokens returned, by source: encoded by the tokenizer, or reused "
             "(cached segments and added tokens).",
-            labels=["model", "source"],
-        )
-        cache = GaugeMetricFamily(
-            "shadow_tokenizer_cache_bytes",
-            "Bytes held by the prompt segment cache.",
-            labels=["model"],
-        )
-        incremental = GaugeMetricFamily(
-            "shadow_tokenizer_incremental_processes",
+            tokens,
+        ],
+        ["shadow_tokenizer_cache_bytes", "gauge", "Bytes held by the prompt segment cache.", cache],
+        [
+            INCREMENTAL,
+            "gauge",
             "Processes encoding prompts incrementally (0: the tokenizer is not provably "
             "segmentable, every prompt is encoded in full).",
-            labels=["model"],
-        )
-        for name, model in self.models.items():
-            encoder = model.prompt_encoder
-            if encoder is None:
-                continue
-            tokens.add_metric([name, "encoded"], encoder.encoded_tokens)
-            tokens.add_metric([name, "reused"], encoder.returned_tokens - encoder.encoded_tokens)
-            cache.add_metric([name], encoder.cache.size_bytes)
-            incremental.add_metric([name], 0 if encoder.fallback_reason else 1)
-        return [tokens, cache, incremental]
+            incremental,
+        ],
+    ]
 
 
 def load_models(config: Config) -> dict[str, LoadedModel]:

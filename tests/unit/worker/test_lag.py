@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from shadow_proxy.channel.tally import Tally
 from shadow_proxy.worker.lag import (
     LAG_BUCKETS,
     LagBound,
@@ -11,6 +12,7 @@ from shadow_proxy.worker.lag import (
     intake_lag_histogram,
     late_counter,
     record_lag_histogram,
+    shard_late_counter,
 )
 
 
@@ -29,12 +31,17 @@ class TestMetrics:
     def test_buckets_up_to_ten_minutes_and_stages_exist(self) -> None:
         registry = CollectorRegistry()
         record_lag_histogram(registry).labels("kv").observe(599)
-        intake_lag_histogram(registry).observe(0.0005)
         late_counter(registry)
+        shard = Tally()
+        intake_lag_histogram(shard).observe(0.0005)
+        shard_late_counter(shard)
         value = registry.get_sample_value
         assert LAG_BUCKETS[0] == 0.001 and LAG_BUCKETS[-1] == 600
         assert value("shadow_tap_record_lag_seconds_bucket", {"tap": "kv", "le": "300.0"}) == 0
         assert value("shadow_tap_record_lag_seconds_bucket", {"tap": "kv", "le": "600.0"}) == 1
-        assert value("shadow_worker_intake_lag_seconds_bucket", {"le": "0.001"}) == 1
+        assert (
+            shard.get_sample_value("shadow_worker_intake_lag_seconds_bucket", {"le": "0.001"}) == 1
+        )
         for stage in LateStage:
             assert value("shadow_worker_late_total", {"stage": stage}) == 0
+            assert shard.get_sample_value("shadow_worker_late_total", {"stage": stage}) == 0

@@ -133,7 +133,7 @@ class TestJoin:
         joiner.handle(request(1, chat_body(model="unlisted")))
         joiner.handle(request(2, chat_body()))
         assert [r["seq"] for r in records(joiner, "kv")] == [0]
-        reasons = joiner.metrics.registry.get_sample_value
+        reasons = joiner.metrics.tally.get_sample_value
         assert reasons("shadow_not_mirrored_total", {"reason": "unknown_model"}) == 1
 
     def test_a_tap_for_other_models_skips(self, models) -> None:
@@ -163,7 +163,7 @@ class TestLosses:
         joiner.handle(request(2, chat_body()))
         assert list(joiner.pending) == [key(2)]
         assert queue(joiner, "replay").dropped["evicted"] == 1
-        assert joiner.metrics.registry.get_sample_value("shadow_worker_evicted_total") == 1
+        assert joiner.metrics.tally.get_sample_value("shadow_worker_evicted_total") == 1
         joiner.handle(end(1, [event("late", finish="length")], head=HEAD))  # gone: ignored
         assert records(joiner, "replay") == []
 
@@ -189,7 +189,7 @@ class TestPromptTokenCheck:
         prompt = joiner.pending[key(1)].prompt_tokens
         usage = {"prompt_tokens": prompt + offset, "completion_tokens": 1, "total_tokens": 9}
         joiner.handle(end(1, [event("a", finish="length"), event(usage=usage)], head=HEAD))
-        value = joiner.metrics.registry.get_sample_value
+        value = joiner.metrics.tally.get_sample_value
         assert value("shadow_prompt_token_checks_total", {"model": "deepseek"}) == 1
         mismatches = value("shadow_prompt_token_mismatches_total", {"model": "deepseek"})
         assert (mismatches or 0) == offset
@@ -198,7 +198,7 @@ class TestPromptTokenCheck:
         joiner = joiner_for(config(REQUEST_TAP), models)
         joiner.handle(request(1, chat_body()))
         joiner.handle(end(1, [event("a", finish="length")], head=HEAD))
-        value = joiner.metrics.registry.get_sample_value
+        value = joiner.metrics.tally.get_sample_value
         assert value("shadow_prompt_token_checks_total", {"model": "deepseek"}) is None
 
 

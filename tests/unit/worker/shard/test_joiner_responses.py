@@ -88,7 +88,7 @@ def records(joiner: Joiner, tap: str) -> list[dict[str, Any]]:
 
 
 def metric(joiner: Joiner, name: str, **labels: str) -> float:
-    return joiner.metrics.registry.get_sample_value(name, labels) or 0.0
+    return joiner.metrics.tally.get_sample_value(name, labels) or 0.0
 
 
 class TestBatchRecords:

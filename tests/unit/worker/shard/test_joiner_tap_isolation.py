@@ -102,4 +102,4 @@ class TestIsolation:
         now = time.time_ns(), time.monotonic_ns()
         joiner.handle(Request(KEY.pack(2), Route.CHAT, *now, 0, "rid-2", raw))
         assert all(len(queue.items) == 0 for queue in joiner.sink)
-        assert joiner.metrics.not_mirrored.labels("invalid_json")._value.get() == 1
+        assert joiner.metrics.not_mirrored.labels("invalid_json").value == 1

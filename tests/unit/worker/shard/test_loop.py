@@ -139,7 +139,7 @@ class TestLate:
         loop, main = shard
         loop.on_message(q(2, time.monotonic_ns() - 2_000_000_000))
         assert sent(loop, main) == [("D", KV, "late", 1), ("D", REPLAY, "late", 1), ("K", [], True)]
-        assert loop.late.labels("intake")._value.get() == 1
+        assert loop.late.labels("intake").value == 1
 
     def test_late_end_drops_joined_taps(self, shard):
         loop, main = shard
@@ -185,7 +185,7 @@ class TestCpuBudget:
         loop.on_message(c(6, [SSE]))
         loop.on_message(e(6))
         assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", [], True)]
-        assert loop.budget_exceeded.labels("cpu")._value.get() == 1
+        assert loop.budget_exceeded.labels("cpu").value == 1
 
     def test_a_response_that_comes_whole_with_its_end(self, shard):
         """A short response travels in the end message alone (no chunk message set a
@@ -196,7 +196,7 @@ class TestCpuBudget:
         loop.open[KEY.pack(7)] = 0.01
         loop.on_message(e(7, [SSE], head=True))
         assert sent(loop, main) == [("R", REPLAY, "incomplete"), ("K", [], True)]
-        assert loop.budget_exceeded.labels("cpu")._value.get() == 1
+        assert loop.budget_exceeded.labels("cpu").value == 1
 
 
 class TestGuard:
@@ -210,7 +210,7 @@ class TestGuard:
             raise ValueError(f"unpack requires a buffer: {secret}")
 
         assert guarded(metrics, fail) is False
-        failures = metrics.registry.get_sample_value(
+        failures = metrics.tally.get_sample_value(
             "shadow_worker_failures_total", {"exception": "ValueError"}
         )
         assert failures == 1

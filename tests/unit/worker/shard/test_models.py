@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shadow_proxy.config import Config
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
-from shadow_proxy.worker.shard.models import TokenizerMetrics, load_models
+from shadow_proxy.worker.shard.models import load_models, tokenizer_families
 
 
 def config(model_dirs, **worker) -> Config:
@@ -43,11 +43,11 @@ class TestModels:
     def test_tokenizer_metrics(self, model_dirs) -> None:
         models = load_models(config(model_dirs))
         models["deepseek"].prompt_encoder.encode("hello there")
-        families = {f.name: f for f in TokenizerMetrics(models).collect()}
+        families = {f[0]: f[3] for f in tokenizer_families(models)}
         encoded = [
-            s.value
-            for s in families["shadow_tokenizer_tokens"].samples
-            if s.labels == {"model": "deepseek", "source": "encoded"}
+            value
+            for _, labels, value in families["shadow_tokenizer_tokens"]
+            if labels == {"model": "deepseek", "source": "encoded"}
         ]
         assert encoded == [2]
-        assert {s.value for s in families["shadow_tokenizer_incremental_processes"].samples} == {1}
+        assert {s[2] for s in families["shadow_tokenizer_incremental_processes"]} == {1}
