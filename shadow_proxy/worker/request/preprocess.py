@@ -23,25 +23,20 @@ costs").
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import msgspec
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
 from shadow_proxy.worker.request import batch, identity, options, responses, vllm_responses
-from shadow_proxy.worker.request.body import decode_body
+from shadow_proxy.worker.request.body import decode_body, parse_body
 from shadow_proxy.worker.request.fields import (
     NotMirrored,
     Reject,
     compact,
     mapping,
     number,
-    reject_constant,
     strings,
 )
 from shadow_proxy.worker.request.identity import Headers
@@ -49,29 +44,6 @@ from shadow_proxy.worker.request.prompt import chat_tokens, completion_tokens
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 
 log = logging.getLogger(__name__)
-
-#: A JSON escape of a UTF-16 surrogate; only then is a body checked for lone ones.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def _has_lone_surrogate(body: bytes, request: dict) -> bool:
-    """Whether a string in the request (``body``, parsed) holds a lone surrogate
-    (paired escapes become one character when parsed, lone ones stay). msgspec
-    refuses a body with a lone surrogate escape, high or low: a body it reads
-    has none (~15x cheaper than encoding the parsed request, which is done only
-    when msgspec fails for another reason, such as a number out of its range)."""
-    try:
-        msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        pass
-    else:
-        return False
-    try:
-        json.dumps(request, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
 
 #: Top-level fields the 1.6.1 frontend refuses with 400 ("Unsupported
 #: parameter"): session identity is never read from the body.
@@ -121,18 +93,7 @@ class Preprocessor:
     ) -> PreprocessedRequest | batch.PreprocessedBatch:
         if route not in (Route.CHAT, Route.COMPLETIONS, Route.RESPONSES):
             raise Reject("unsupported_route")
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise Reject("non_utf8") from None
-        try:
-            request = json.loads(text, parse_constant=reject_constant)
-        except ValueError:
-            raise Reject("invalid_json") from None
-        if not isinstance(request, dict):
-            raise Reject("not_an_object")
-        if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(body, request):
-            raise Reject("invalid_json")  # serde refuses them: the frontend answers 400
+        request = parse_body(body)
         name = request.get("model")
         if not isinstance(name, str):
             raise Reject("missing_model")

@@ -54,6 +54,7 @@ from shadow_proxy.worker.response import outcome
 from shadow_proxy.worker.response.choices import ChoiceTable
 from shadow_proxy.worker.response.content import BodyContent
 from shadow_proxy.worker.response.decoding import BodyDecoder, DecodeError, for_header
+from shadow_proxy.worker.response.fast_chunk import decode_batch
 from shadow_proxy.worker.response.observed import ObservedResponse, without_none
 from shadow_proxy.worker.response.outcome import clip
 from shadow_proxy.worker.response.sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
@@ -210,16 +211,7 @@ class ResponseRecorder:
                         )
                         return
                 self._consume(piece, offset_ns)
-                if self._ignoring:
-                    return
-                if deadline is None:
-                    continue
-                self._unclocked += len(piece)
-                if self._unclocked < CLOCK_BYTES:
-                    continue
-                self._unclocked = 0
-                if time.thread_time() > deadline:
-                    self.give_up(self.cpu_reason, WorkBudget.CPU)
+                if self._ignoring or (deadline is not None and self._clock(len(piece))):
                     return
         except DecodeError as exc:
             self._decoder = None
@@ -228,44 +220,58 @@ class ResponseRecorder:
             self._body = None
 
     def feed_many(self, data: list[bytes], offsets: list[int]) -> None:
-        """``feed`` of each chunk in turn (the same record, for less CPU): a chunk of
-        an unencoded stream that holds only whole one-line data events
-        (``SSEParser.whole_data``, Dynamo's and vLLM's chunks) is read here
-        without ``feed``'s steps; any other goes through ``feed``."""
-        sse = self._sse
-        content = self._content
-        decoder = self._decoder
-        if sse is None or content.responses is not None or decoder is None:
+        """``feed`` of each chunk in turn (the same record, for less CPU): the
+        chunks of an unencoded stream that are each one whole one-line data event
+        (Dynamo's and vLLM's) are read at once (``_batch``)."""
+        sse, decoder = self._sse, self._decoder
+        if (
+            sse is None
+            or decoder is None
+            or decoder.kind != "identity"
+            or self._content.responses is not None
+            or self._result is not None
+            or self._ignoring
+            or not self._batch(data, offsets)
+        ):
             for chunk, offset in zip(data, offsets, strict=True):
                 self.feed(chunk, offset)
-            return
-        identity = decoder.kind == "identity"
+
+    def _batch(self, data: list[bytes], offsets: list[int]) -> bool:
+        """``feed_many``'s chunks in one decode and one pass, when each is one
+        one-line data event the typed structs read (``SSEParser.whole_array``,
+        ``fast_chunk.decode_batch``) and the events budget takes them all
+        (``BodyContent.batch``). False, and nothing read, otherwise."""
+        sse = self._sse
+        assert sse is not None
+        array = sse.whole_array(data)
+        if array is None:
+            return False
         limit = self._max_events
-        for chunk, offset in zip(data, offsets, strict=True):
-            if self._result is not None or self._ignoring:
-                return
-            values = sse.whole_data(chunk) if identity else None
-            if values is None:
-                self.feed(chunk, offset)
-                continue
-            self._last_offset = offset
-            count = len(values)
-            self._events += count
-            if limit is not None and self._events > limit:
-                for value in values[: max(0, limit - self._events + count)]:
-                    content.data(value, offset)
-                self._over_events()
-                return
-            for value in values:
-                content.data(value, offset)
-            deadline = self._deadline
-            if deadline is not None:
-                self._unclocked += len(chunk)
-                if self._unclocked >= CLOCK_BYTES:
-                    self._unclocked = 0
-                    if time.thread_time() > deadline:
-                        self.give_up(self.cpu_reason, WorkBudget.CPU)
-                        return
+        if limit is not None and self._events + len(data) > limit:
+            return False
+        chunks = decode_batch(array)
+        if chunks is None:
+            return False
+        sse.dispatched(len(data))
+        self._events += len(data)
+        self._last_offset = offsets[-1]
+        self._content.batch(chunks, data, offsets)
+        if self._deadline is not None:
+            self._clock(len(array))
+        return True
+
+    def _clock(self, read: int) -> bool:
+        """``read`` more bytes against the CPU deadline (the clock is read once per
+        ``CLOCK_BYTES``); True when it has passed and the body is given up."""
+        self._unclocked += read
+        if self._unclocked < CLOCK_BYTES:
+            return False
+        self._unclocked = 0
+        deadline = self._deadline
+        if deadline is None or time.thread_time() <= deadline:
+            return False
+        self.give_up(self.cpu_reason, WorkBudget.CPU)
+        return True
 
     def give_up(self, reason: str, budget: WorkBudget) -> None:
         """Read no more of the body (``budget`` is spent): the record carries what

@@ -31,6 +31,8 @@ lines of one event).
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
@@ -207,6 +209,34 @@ class SSEParser:
             values.append(line[6:] if line[5:6] == b" " else line[5:])
         self.events += len(values)
         return values
+
+    def whole_array(self, chunks: list[bytes]) -> bytes | None:
+        """When each of ``chunks`` is one whole one-line event ``data: `` + value +
+        ``\\n\\n`` (no ``\\r``, within the event cap) and no event is under way:
+        their values as the text of one JSON array, ``[value,value,...]`` (for
+        ``fast_chunk.decode_batch``), nothing counted yet (``dispatched`` counts
+        them once read). Otherwise None, and nothing changed."""
+        if self._size or self._tail or self._skip_lf or self._discarding or self._skip_line:
+            return None
+        joined = b"".join(chunks)
+        n = len(chunks)
+        if (
+            not joined.startswith(b"data: ")
+            or len(joined) - 2 > self.max_event_bytes - LINE_OVERHEAD
+            or not all(map(bytes.endswith, chunks, itertools.repeat(b"\n\n")))
+        ):
+            return None
+        values = joined[6:-2].replace(b"\n\ndata: ", b",")
+        # n - 1 separators replaced and no other line end: each chunk (ending with
+        # a blank line) is exactly one one-line event, the separators its boundaries.
+        if len(values) != len(joined) - 8 - 7 * (n - 1) or b"\n" in values or b"\r" in values:
+            return None
+        self._pending_bom = False  # the stream begins with "data: ", not a BOM
+        return b"[" + values + b"]"
+
+    def dispatched(self, events: int) -> None:
+        """Count ``events`` read from ``whole_array``'s chunks as dispatched."""
+        self.events += events
 
     def close(self) -> None:
         """End of stream: an event without its closing blank line is discarded."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,6 +25,8 @@ from tests.support.responses import (
     record,
     sse,
 )
+from tests.unit.worker.response.test_fast_chunk import chunks as generated
+from tests.unit.worker.response.test_fast_chunk import shaped
 
 
 class TestTiming:
@@ -327,3 +329,96 @@ class TestFeedMany:
         assert self.observed(chunks, batch, True, **caps) == self.observed(
             chunks, batch, False, **caps
         )
+
+
+#: A chunk with a tool call (or a legacy function call) the general parser reads.
+tool_call = st.builds(
+    lambda key, name, args: {
+        "id": "chatcmpl-7",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {
+                    key: [{"index": 0, "function": {"name": name, "arguments": args}}]
+                    if key == "tool_calls"
+                    else {"name": name, "arguments": args}
+                },
+            }
+        ],
+    },
+    st.sampled_from(["tool_calls", "function_call"]),
+    st.sampled_from(["", "get"]),
+    st.sampled_from(["", '{"a":', "1}"]),
+)
+
+
+class TestBatch:
+    """A message of whole one-line data events is read in one decode and one pass
+    (``SSEParser.whole_array``, ``fast_chunk.read_batch``): the record is the one
+    ``feed`` of each chunk gives, for any mix of chunks (tool calls, usage, errors,
+    several choices, chunks the structs do not describe) under small caps."""
+
+    CAPS: ClassVar[dict[str, int]] = {
+        "max_text_bytes_per_choice": 40,
+        "max_text_bytes_total": 60,
+        "max_token_ids_per_choice": 6,
+        "max_token_ids_total": 9,
+        "max_choices": 3,
+    }
+
+    @staticmethod
+    def observed(
+        chunks: list[bytes], sizes: list[int], route: Route, many: bool, timing: bool, **caps: Any
+    ) -> Any:
+        recorder = ResponseRecorder(route, 2, chunk_timing=timing, **caps)
+        recorder.head(200, "text/event-stream", "", 1)
+        recorder.feed(b": keep-alive\n\n", 2)  # as Dynamo opens a stream: the BOM is settled
+        start = 0
+        for size in itertools.cycle(sizes or [1]):
+            if start >= len(chunks):
+                break
+            part = chunks[start : start + size]
+            offsets = [10 + start + i for i in range(len(part))]
+            if many:
+                recorder.feed_many(part, offsets)
+            else:
+                for chunk, offset in zip(part, offsets, strict=True):
+                    recorder.feed(chunk, offset)
+            start += size
+        return recorder.finish(EndKind.CLEAN, 10_000)
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        objects=st.lists(shaped | generated | tool_call, max_size=24),
+        sizes=st.lists(st.integers(1, 8), max_size=4),
+        shifts=st.lists(st.sampled_from([0, 0, 0, -2, -1, 1, 2]), max_size=24),
+        route=st.sampled_from([Route.CHAT, Route.COMPLETIONS]),
+        timing=st.booleans(),
+        events=st.sampled_from([None, 5]),
+    )
+    def test_same_record(self, objects, sizes, shifts, route, timing, events) -> None:
+        chunks = [b"data: " + json.dumps(o).encode() + b"\n\n" for o in objects]
+        if any(shifts):  # chunk boundaries moved off the event boundaries
+            body = b"".join(chunks)
+            bounds = list(itertools.accumulate(map(len, chunks)))
+            moved = (shifts + [0] * len(bounds))[: len(bounds)]
+            cuts = [max(0, min(len(body), b + d)) for b, d in zip(bounds, moved, strict=True)]
+            cuts = sorted({0, *cuts, len(body)})
+            chunks = [body[a:b] for a, b in itertools.pairwise(cuts)]
+        caps = {**self.CAPS, "max_events": events}
+        assert self.observed(chunks, sizes, route, True, timing, **caps) == self.observed(
+            chunks, sizes, route, False, timing, **caps
+        )
+
+    def test_batch_is_taken(self) -> None:
+        """Dynamo's chunks take the batch path (a guard against a check that always
+        declines: the property above would still hold)."""
+        chunks = [sse(chat(word), done=False) for word in ("Hel", "lo", " there")]
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False)
+        recorder.head(200, SSE, "", 1)
+        recorder.feed(b": keep-alive\n\n", 2)
+        assert recorder._batch(chunks, [3, 4, 5])
+        observed = recorder.finish(EndKind.CLEAN, 10)
+        assert observed.choices[0].text == "Hello there"
+        assert (observed.first_token_offset_ns, observed.last_token_offset_ns) == (3, 5)
+        assert observed.events == 3
