@@ -110,8 +110,11 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                     worker["processes"] = args.processes
                 service, url, main, _ = await start_proxy(frontend.url, scratch, True, None, worker)
                 try:
+                    shards = [p for p in worker_pids(main) if p != main]
                     pids = {
-                        "worker": worker_pids(main),
+                        "worker": [main, *shards],
+                        "worker_main": [main],
+                        "worker_shards": shards,
                         **{r: [p] for r, p in frontend.pids.items()},
                     }
                     start = {t["name"]: t["next_seq"] for t in listing(url)}

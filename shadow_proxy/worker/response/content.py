@@ -23,7 +23,7 @@ from shadow_proxy.worker.response.choices import ChoiceTable
 from shadow_proxy.worker.response.fast_chunk import Chunk, read_batch, read_chunk
 from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message, event_error
 from shadow_proxy.worker.response.responses_events import ResponsesReader
-from shadow_proxy.worker.response.sse import SSEEvent
+from shadow_proxy.worker.response.sse import SSEEvent, WholeEvents
 
 
 class BodyContent:
@@ -98,11 +98,11 @@ class BodyContent:
         if carried:
             self.content_at(offset_ns)
 
-    def batch(self, chunks: list[Chunk], data: list[bytes], offsets: list[int]) -> None:
-        """The events ``data`` (each ``data: `` + value + blank line), decoded as
-        ``chunks`` (``fast_chunk.decode_batch``), the i-th ``offsets[i]`` after
-        arrival, read as ``data`` of each value would: in one pass up to the first
-        the general parser must read, then one by one."""
+    def batch(self, chunks: list[Chunk], whole: WholeEvents, offsets: list[int]) -> None:
+        """The events ``whole`` (``SSEParser.whole_array``), decoded as ``chunks``
+        (``fast_chunk.decode_batch``), the i-th ``offsets[i]`` after arrival,
+        read as ``data`` of each value would: in one pass up to the first the
+        general parser must read, then one by one."""
         read, upstream_id, carried_at, malformed = read_batch(chunks, self.route, self.choices)
         if self.upstream_id is None:
             self.upstream_id = upstream_id
@@ -115,8 +115,10 @@ class BodyContent:
                 if self.first is None:
                     self.first = offsets[carried_at[0]]
                 self.last = offsets[carried_at[-1]]
-        for event, offset in zip(data[read:], offsets[read:], strict=True):
-            self.data(event[6:-2], offset)
+        if read < whole.count:
+            values = whole.values()
+            for value, offset in zip(values[read:], offsets[read:], strict=True):
+                self.data(value, offset)
 
     def json_data(self, data: str, offset_ns: int) -> None:
         if data == "[DONE]":

@@ -113,8 +113,9 @@ class ResponseRecorder:
         self._max_events = max_events
         self._events = 0
         #: Work budget: the ``time.thread_time()`` past which the body is read no
-        #: further (``cpu_deadline``, checked after the first piece read once it is
-        #: set, then per ``CLOCK_BYTES``), and the reason then given.
+        #: further (``cpu_deadline``, checked per ``CLOCK_BYTES`` read since it was
+        #: set: the shard checks the budget before and after each message), and
+        #: the reason then given.
         self._deadline: float | None = None
         self._unclocked = 0  # decoded bytes read since the clock was last read
         self.cpu_reason = "work budget: CPU time"
@@ -158,7 +159,7 @@ class ResponseRecorder:
     @cpu_deadline.setter
     def cpu_deadline(self, deadline: float | None) -> None:
         self._deadline = deadline
-        self._unclocked = CLOCK_BYTES  # the next piece read checks it
+        self._unclocked = 0
 
     # -- the three calls ------------------------------------------------------------
 
@@ -237,27 +238,29 @@ class ResponseRecorder:
                 self.feed(chunk, offset)
 
     def _batch(self, data: list[bytes], offsets: list[int]) -> bool:
-        """``feed_many``'s chunks in one decode and one pass, when each is one
-        one-line data event the typed structs read (``SSEParser.whole_array``,
+        """``feed_many``'s chunks in one decode and one pass, when they hold one-line
+        data events the typed structs read (``SSEParser.whole_array``,
         ``fast_chunk.decode_batch``) and the events budget takes them all
         (``BodyContent.batch``). False, and nothing read, otherwise."""
         sse = self._sse
         assert sse is not None
-        array = sse.whole_array(data)
-        if array is None:
+        whole = sse.whole_array(data)
+        if whole is None:
             return False
         limit = self._max_events
-        if limit is not None and self._events + len(data) > limit:
+        if limit is not None and self._events + whole.count > limit:
             return False
-        chunks = decode_batch(array)
+        chunks = decode_batch(whole.array)
         if chunks is None:
             return False
-        sse.dispatched(len(data))
-        self._events += len(data)
+        sse.take(whole)
+        self._events += whole.count
         self._last_offset = offsets[-1]
-        self._content.batch(chunks, data, offsets)
+        chunk_of = whole.chunk_of
+        at = offsets if chunk_of is None else [offsets[i] for i in chunk_of]
+        self._content.batch(chunks, whole, at)
         if self._deadline is not None:
-            self._clock(len(array))
+            self._clock(len(whole.text))
         return True
 
     def _clock(self, read: int) -> bool:

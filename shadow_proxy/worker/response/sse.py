@@ -60,6 +60,42 @@ class SSEEvent:
     comments: tuple[str, ...] = ()
 
 
+@attrs.frozen
+class WholeEvents:
+    """Whole one-line data events a few chunks complete (``SSEParser.whole_array``)."""
+
+    #: Their values as one JSON array: ``[value,value,...]``.
+    array: bytes
+    #: The bytes they were read from: the events from ``0`` to ``end`` (each
+    #: ``data: `` + value + blank line), then the start of the next one.
+    text: bytes
+    count: int
+    #: For each event, the index of the chunk its blank line ended in; None when
+    #: each chunk is exactly one event.
+    chunk_of: list[int] | None
+    end: int
+
+    def values(self) -> list[bytes]:
+        """Each event's value (the array's items)."""
+        return [event[6:] for event in self.text[: self.end - 2].split(b"\n\n")]
+
+
+def _completing_chunks(joined: bytes, tail: int, chunks: list[bytes], count: int) -> list[int]:
+    """For each of the ``count`` events in ``joined`` (``tail`` bytes carried over,
+    then ``chunks``), the chunk its blank line's last byte is in."""
+    out = []
+    bounds = itertools.accumulate(map(len, chunks), initial=tail)
+    next(bounds)
+    chunk, bound = 0, next(bounds)
+    at = -2
+    for _ in range(count):
+        at = joined.find(b"\n\n", at + 2)
+        while at + 1 >= bound:
+            chunk, bound = chunk + 1, next(bounds)
+        out.append(chunk)
+    return out
+
+
 class SSEParser:
     """Feed bytes in arbitrary chunks; get back the events they complete.
 
@@ -210,33 +246,53 @@ class SSEParser:
         self.events += len(values)
         return values
 
-    def whole_array(self, chunks: list[bytes]) -> bytes | None:
-        """When each of ``chunks`` is one whole one-line event ``data: `` + value +
-        ``\\n\\n`` (no ``\\r``, within the event cap) and no event is under way:
-        their values as the text of one JSON array, ``[value,value,...]`` (for
-        ``fast_chunk.decode_batch``), nothing counted yet (``dispatched`` counts
-        them once read). Otherwise None, and nothing changed."""
-        if self._size or self._tail or self._skip_lf or self._discarding or self._skip_line:
+    def whole_array(self, chunks: list[bytes]) -> WholeEvents | None:
+        """When the chunks (after the unterminated line left from earlier ones) are
+        one-line ``data: `` events, each ended by a blank line, then at most the
+        start of the next one (no ``\\r``, nothing but ``data`` lines, within the
+        event cap): those events (``WholeEvents``), their values as one JSON
+        array for ``fast_chunk.decode_batch``. Nothing changes until ``take``;
+        otherwise None, and ``feed`` reads the chunks."""
+        if self._size or self._skip_lf or self._discarding or self._skip_line:
             return None
         joined = b"".join(chunks)
-        n = len(chunks)
+        tail = self._tail_len
+        if tail:
+            joined = b"".join(self._tail) + joined
+        last = joined.rfind(b"\n\n")
         if (
-            not joined.startswith(b"data: ")
-            or len(joined) - 2 > self.max_event_bytes - LINE_OVERHEAD
-            or not all(map(bytes.endswith, chunks, itertools.repeat(b"\n\n")))
+            last < 0
+            or not joined.startswith(b"data: ")
+            or last + LINE_OVERHEAD > self.max_event_bytes  # so each event is under the cap
+            or len(joined) - last - 2 > self.max_event_bytes  # and the line still arriving
+            or b"\r" in joined
+            or b"\n" in joined[last + 2 :]
         ):
             return None
-        values = joined[6:-2].replace(b"\n\ndata: ", b",")
-        # n - 1 separators replaced and no other line end: each chunk (ending with
-        # a blank line) is exactly one one-line event, the separators its boundaries.
-        if len(values) != len(joined) - 8 - 7 * (n - 1) or b"\n" in values or b"\r" in values:
-            return None
-        self._pending_bom = False  # the stream begins with "data: ", not a BOM
-        return b"[" + values + b"]"
+        values = joined[6:last].replace(b"\n\ndata: ", b",")
+        if b"\n" in values:
+            return None  # a line that is not a data line, or an event of two lines
+        # Each separator replaced shortened the text by 7 bytes.
+        count = (last - 6 - len(values)) // 7 + 1
+        n = len(chunks)
+        aligned = not tail and count == n and last + 2 == len(joined)
+        if aligned and not all(map(bytes.endswith, chunks, itertools.repeat(b"\n\n"))):
+            aligned = False
+        return WholeEvents(
+            b"[" + values + b"]",
+            joined,
+            count,
+            None if aligned else _completing_chunks(joined, tail, chunks, count),
+            last + 2,
+        )
 
-    def dispatched(self, events: int) -> None:
-        """Count ``events`` read from ``whole_array``'s chunks as dispatched."""
-        self.events += events
+    def take(self, whole: WholeEvents) -> None:
+        """``whole`` was read: count its events as dispatched, keep what follows."""
+        self.events += whole.count
+        self._pending_bom = False  # the stream begins with "data: ", not a BOM
+        rest = whole.text[whole.end :]
+        self._tail = [rest] if rest else []
+        self._tail_len = len(rest)
 
     def close(self) -> None:
         """End of stream: an event without its closing blank line is discarded."""

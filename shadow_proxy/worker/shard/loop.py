@@ -248,11 +248,15 @@ class ShardLoop:
 
     def set_deadline(self, key: bytes, recorder: ResponseRecorder) -> float:
         """The request's CPU budget also holds between the decoded pieces of one
-        message: a small chunk of a compressed body can take seconds to parse.
-        Returns the thread CPU time now."""
+        message: a small chunk of a compressed body can take seconds to parse
+        (the recorder reads the clock per ``CLOCK_BYTES``). A budget spent
+        already stops the reading here. Returns the thread CPU time now."""
         now = time.thread_time()
-        recorder.cpu_deadline = now + self.max_cpu_s - self.open.get(key, 0.0)
+        spent = self.open.get(key, 0.0)
+        recorder.cpu_deadline = now + self.max_cpu_s - spent
         recorder.cpu_reason = self.cpu_reason
+        if spent > self.max_cpu_s:  # spent already: nothing more is read
+            recorder.give_up(self.cpu_reason, WorkBudget.CPU)
         return now
 
     def _count_budget(self, key: bytes, recorder: ResponseRecorder) -> None:

@@ -422,3 +422,20 @@ class TestBatch:
         assert observed.choices[0].text == "Hello there"
         assert (observed.first_token_offset_ns, observed.last_token_offset_ns) == (3, 5)
         assert observed.events == 3
+
+    def test_batch_is_taken_off_the_event_boundaries(self) -> None:
+        """As a proxy's reads cut a stream: events split between chunks, several in
+        one, the blank line itself split; each event at the offset of the chunk
+        its blank line ended in."""
+        body = b"".join(sse(chat(word), done=False) for word in ("Hel", "lo", " there", "!"))
+        first, second = body.index(b"\n\n") + 1, body.index(b"there")
+        chunks = [body[:first], body[first:second], body[second:-5], body[-5:]]
+        recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=True)
+        recorder.head(200, SSE, "", 1)
+        recorder.feed(b": keep-alive\n\n", 2)
+        assert recorder._batch(chunks[:2], [3, 4])
+        assert recorder._batch(chunks[2:], [5, 6])
+        observed = recorder.finish(EndKind.CLEAN, 10)
+        assert observed.choices[0].text == "Hello there!"
+        assert list(observed.chunk_offsets_ns) == [4, 4, 5, 6]
+        assert observed.events == 4
