@@ -207,7 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
             "all",
         ),
     )
-    parser.add_argument("--frontend", default="builtin", choices=("builtin", "dynamo", "both"))
+    parser.add_argument(
+        "--frontend",
+        default="builtin",
+        choices=("builtin", "dynamo", "vllm", "both"),
+        help="vllm: multiturn only (vLLM 0.32 on the CPU, make vllm)",
+    )
     parser.add_argument("--requests", type=int, help="per case and round (default per regime)")
     parser.add_argument("--concurrency", type=int, help="default: 64, isolation 16")
     parser.add_argument("--rounds", type=int, help="per case (default 2; hostile 4: see ROUNDS)")
@@ -247,6 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--processes", type=int, help="multiturn: worker.processes (default: one per core)"
     )
+    parser.add_argument(
+        "--conversation-size",
+        choices=("long", "short"),
+        help="multiturn: long (10-30 turns to 8k-30k tokens; the default) or short "
+        "(4-6 turns to 1.2k-2k words, within vLLM's 4,096; the default with --frontend vllm)",
+    )
     parser.add_argument("--max-lag-s", type=float, default=5.0, help="overload: worker.max_lag_s")
     parser.add_argument(
         "--hostile",
@@ -284,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         ("quick", "capacity", "isolation", "memory") if args.regime == "all" else (args.regime,)
     )
     frontends = ("builtin", "dynamo") if args.frontend == "both" else (args.frontend,)
+    if "vllm" in frontends and args.regime != "multiturn":
+        print("proxy_bench: --frontend vllm is for --regime multiturn", file=sys.stderr)
+        return 2
     command = "make bench BENCH_ARGS='" + " ".join(argv if argv is not None else sys.argv[1:]) + "'"
     args.output.mkdir(parents=True, exist_ok=True)
     info = machine()

@@ -1,5 +1,5 @@
-"""The processes a benchmark case starts: the frontend under test (built-in or
-Dynamo), nginx (the C reference) and shadow-proxy with the reference taps."""
+"""The processes a benchmark case starts: the frontend under test (built-in,
+Dynamo or vLLM), nginx (the C reference) and shadow-proxy with the reference taps."""
 
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ from shadow_proxy.devtools.reference_taps import (
     reference_taps,
     write_config,
 )
+from shadow_proxy.devtools.vllm import Vllm, start_vllm
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 MODEL_NAME = "deepseek"
 MODEL_DIR = REPO / ".models" / "deepseek"
+#: vLLM's model: a tiny random-weight Llama with DeepSeek's tokenizer (``make vllm``).
+VLLM_MODEL_DIR = REPO / ".models" / "llama"
 #: How long a frontend or the proxy (loading its tokenizers) may take to answer.
 START_TIMEOUT_S = 120.0
 #: Isolation: the proxy and its worker on this core, everything else on the other.
@@ -60,6 +63,7 @@ class Frontend:
         self.kind = kind
         self._services: list[Child] = []
         self._dynamo: Dynamo | None = None
+        self._vllm: Vllm | None = None
         self.url = ""
         self.pids: dict[str, int] = {}
         self.label = ""
@@ -98,6 +102,18 @@ class Frontend:
             self.label = "built-in mock frontend" + (
                 f" (ttft {pace[0]:g} ms, itl {pace[1]:g} ms)" if pace else " (no pacing)"
             )
+        elif kind == "vllm":
+            vllm = await start_vllm(
+                VLLM_MODEL_DIR, MODEL_NAME, scratch / "vllm", engine_process=True
+            )
+            self._vllm = vllm
+            self.url = vllm.base_url
+            engine = children(vllm.child.pid)
+            self.pids = {"frontend": vllm.child.pid, **({"engine": engine[-1]} if engine else {})}
+            self.label = (
+                "vLLM 0.32 (CPU) API server, engine core in its own process "
+                f"(tiny random-weight Llama, {VLLM_MODEL_DIR.name})"
+            )
         else:
             self._dynamo = await start_dynamo(
                 MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup, extra_frontend_env=dynamo_env
@@ -117,6 +133,8 @@ class Frontend:
             child.terminate()
         if self._dynamo is not None:
             self._dynamo.stop()
+        if self._vllm is not None:
+            self._vllm.stop()
 
 
 NGINX_CONF = """\
@@ -177,6 +195,14 @@ async def start_nginx(frontend_url: str, scratch: Path, cpus: str | None) -> tup
     return child, url, workers[0] if workers else child.pid
 
 
+def proxy_models(frontend_kind: str) -> list[dict[str, Any]]:
+    """The proxy's model entry for the frontend under test (vLLM's renders its
+    template with Jinja2)."""
+    if frontend_kind == "vllm":
+        return [{"name": MODEL_NAME, "tokenizer": str(VLLM_MODEL_DIR), "template_engine": "jinja2"}]
+    return [{"name": MODEL_NAME, "tokenizer": str(MODEL_DIR)}]
+
+
 async def start_proxy(
     frontend_url: str,
     scratch: Path,
@@ -184,6 +210,7 @@ async def start_proxy(
     cpus: str | None,
     worker: dict[str, Any] | None = None,
     quick_ack: bool = True,
+    frontend_kind: str = "builtin",
 ):
     """The proxy (with ``SHADOW_PROXY_LOOP_LAG=1``) and, with ``taps``, the two
     reference taps (``worker``: options of the tap worker); returns (child, url,
@@ -196,7 +223,7 @@ async def start_proxy(
     mapping = proxy_config(
         frontend_url,
         port=port,
-        models={MODEL_NAME: MODEL_DIR} if taps else None,
+        models=proxy_models(frontend_kind) if taps else None,
         taps=tap_list,
         **options,
     )

@@ -4,7 +4,8 @@
 # (scripts/install-dynamo.sh) when the bench is asked for --frontend dynamo|both,
 # and py-spy into .venv for --profile.
 # Takes the bench's own arguments and looks only at --frontend, --regime and --profile
-# (isolation-dynamo needs Dynamo; multiturn uses it with --frontend dynamo).
+# (isolation-dynamo needs Dynamo; multiturn uses it with --frontend dynamo, and
+# vLLM with --frontend vllm).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,4 +40,7 @@ fi
 
 if [[ "$frontend" == dynamo || "$frontend" == both ]]; then
   "$ROOT/scripts/install-dynamo.sh"
+fi
+if [[ "$frontend" == vllm ]]; then
+  make -C "$ROOT" vllm
 fi

@@ -89,8 +89,9 @@ def vllm_python() -> Path:
     return py
 
 
-def vllm_env(scratch: Path, kv_cache_gib: int) -> dict[str, str]:
-    """The server's environment (offline, one process, its files in ``scratch``)."""
+def vllm_env(scratch: Path, kv_cache_gib: int, engine_process: bool = False) -> dict[str, str]:
+    """The server's environment (offline, one process unless ``engine_process``,
+    its files in ``scratch``)."""
     home, tmp = scratch / "home", scratch / "tmp"
     for d in (home, tmp):
         d.mkdir(parents=True, exist_ok=True)
@@ -101,7 +102,7 @@ def vllm_env(scratch: Path, kv_cache_gib: int) -> dict[str, str]:
         VLLM_TARGET_DEVICE="cpu",
         VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
         VLLM_CPU_OMP_THREADS_BIND="nobind",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_ENABLE_V1_MULTIPROCESSING="1" if engine_process else "0",
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
         HF_HUB_OFFLINE="1",
@@ -234,10 +235,14 @@ def launch_vllm(
     tools: bool = False,
     aliases: tuple[str, ...] = (),
     extra_args: tuple[str, ...] = (),
+    engine_process: bool = False,
 ) -> Vllm:
     """Start a vLLM server on ``model_dir`` as ``served_name`` (and
     ``aliases``: a candidate answers to the primary's model name) (module
     docstring) and return at once; ``Vllm.wait_ready`` waits for it.
+    ``engine_process``: the engine core in a process of its own (vLLM's
+    default), so that the API server's CPU is the frontend's alone (the
+    benchmarks measure it); it takes longer to start.
     Raises ``VllmUnavailable`` when vLLM is not installed."""
     python = vllm_python()
     scratch = Path(scratch).resolve()
@@ -279,7 +284,7 @@ def launch_vllm(
         f"vllm-{served_name}",
         argv,
         scratch,
-        env=vllm_env(scratch, kv_cache_gib),
+        env=vllm_env(scratch, kv_cache_gib, engine_process),
         cwd=scratch,
         merge_output=True,
         signal_group=True,

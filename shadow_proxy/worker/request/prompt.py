@@ -10,6 +10,8 @@ is. NUL characters are stripped before encoding, as Dynamo does.
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Callable
 from typing import Any
 
 from shadow_proxy.worker.budget import chat_text_over, text_over
@@ -91,6 +93,8 @@ def _spans(
             prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
         return template.render({**request, "messages": prefix, "add_generation_prompt": False})
 
+    light = _held_renders(template, request, messages, text)
+
     encoder = model.prompt_encoder
 
     def encode_text(piece: str) -> list[int]:
@@ -103,9 +107,65 @@ def _spans(
 
     added = _added_tokens(model.backend)
     try:
+        if light is not None:
+            spans = answer_spans(messages, text, ids, light, encode_text, added)
+            if spans is not None:
+                return spans
         return answer_spans(messages, text, ids, render_prefix, encode_text, added)
     except Exception:  # spans are a help for replay; the record goes out without them
         return None
+
+
+#: Stands for the k-th long content in a render with the contents held out
+#: (private-use characters, as ``spans.PROBE``).
+_HOLE = re.compile("\ue002([0-9]+)\ue003")
+#: Contents at least this long are held out of the prefix renders.
+_HELD_CHARS = 64
+
+
+def _held_renders(
+    template: Any, request: dict, messages: list, text: str
+) -> Callable[[int, str | None], str] | None:
+    """``render_prefix`` for ``answer_spans`` at a fraction of the cost: each long
+    string content is held out (a short placeholder in its place, put back in
+    the text the template rendered), so that a render of a prefix costs what
+    the template's frames cost rather than the conversation's length. Only
+    when the template treats contents so (prints each as it is, decides
+    nothing on it): the whole prompt rendered with them held out, then put
+    back, must be ``text`` exactly. None otherwise, or when no content is long."""
+    if "\ue002" in text or "\ue003" in text:
+        return None  # the prompt holds the placeholders' characters itself
+    held: list[Any] = []
+    contents: list[str] = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) and len(content) >= _HELD_CHARS:
+            message = {**message, "content": f"\ue002{len(contents)}\ue003"}
+            contents.append(content)
+        held.append(message)
+    if not contents:
+        return None
+
+    def put_back(rendered: str) -> str:
+        parts = _HOLE.split(rendered)
+        for at in range(1, len(parts), 2):
+            parts[at] = contents[int(parts[at])]
+        return "".join(parts)
+
+    try:
+        if put_back(template.render({**request, "messages": held})) != text:
+            return None
+    except Exception:
+        return None
+
+    def render_prefix(k: int, content: str | None) -> str:
+        prefix = held[:k]
+        if content is not None:
+            prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
+        rendered = template.render({**request, "messages": prefix, "add_generation_prompt": False})
+        return put_back(rendered)
+
+    return render_prefix
 
 
 @functools.lru_cache(maxsize=16)

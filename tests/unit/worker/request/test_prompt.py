@@ -187,3 +187,88 @@ class TestSpansWithThePromptEncoder:
         assert (got.token_ids, got.prompt_spans) == (want.token_ids, want.prompt_spans)
         assert len(calls) == 1  # the prompt's segments; the spans' come from the cache
         assert encoder.returned_tokens == len(got.token_ids)
+
+
+class TestHeldRenders:
+    """The spans' prefix renders with long contents held out give the very spans
+    the full renders give, over the fidelity corpus and long conversations, on
+    both template engines; a template that decides on a content is left to the
+    full renders."""
+
+    ENGINES = ("minijinja", "jinja2")
+
+    @staticmethod
+    def cases() -> list[dict]:
+        import json
+        from pathlib import Path
+
+        corpus = Path(__file__).parents[3] / "data" / "fidelity" / "corpus.jsonl"
+        bodies = []
+        for line in corpus.read_text().split("\n"):
+            case = json.loads(line) if line else None
+            if case and case["api"] == "chat":
+                messages = case["body"].get("messages") or []
+                if any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages):
+                    bodies.append(case["body"])
+        long = "A long answer, with <b>markup</b>, \u00e9 and \U0001f600. " * 8
+        for turns in (1, 3):
+            messages: list[dict] = [{"role": "system", "content": "Be brief. " * 10}]
+            for k in range(turns):
+                messages += [
+                    {"role": "user", "content": f"Question {k}: " + "why? " * 20},
+                    {"role": "assistant", "content": f"{k}. {long}"},
+                ]
+            bodies.append({"messages": [*messages, {"role": "user", "content": "And?"}]})
+        return bodies
+
+    @pytest.mark.parametrize("engine", ENGINES)
+    @pytest.mark.parametrize("model_name", MODELS)
+    def test_same_spans(self, model_dirs, model_name, engine, monkeypatch):
+        import json
+
+        from shadow_proxy.worker.request.preprocess import Preprocessor
+        from shadow_proxy.worker.request.tokenizer import load_model
+
+        model = load_model(model_name, str(model_dirs[model_name]), None, template_engine=engine)
+        pre = Preprocessor({model_name: model})
+        light = 0
+        held, spans = prompt._held_renders, prompt.answer_spans
+        for body in self.cases():
+            raw = json.dumps({**body, "model": model_name}).encode()
+            calls: list[bool] = []  # per call: held renders given, or an answer placed
+
+            def counted(*args, _calls=calls):
+                out = spans(*args)
+                _calls.append(out is not None)
+                return out
+
+            def given(*args, _calls=calls):
+                out = held(*args)
+                _calls.append(out is not None)
+                return out
+
+            monkeypatch.setattr(prompt, "answer_spans", counted)
+            monkeypatch.setattr(prompt, "_held_renders", given)
+            got = pre.preprocess(Route.CHAT, raw, 0)
+            monkeypatch.setattr(prompt, "_held_renders", lambda *args: None)
+            want = pre.preprocess(Route.CHAT, raw, 0)
+            assert got == want
+            # Held renders given, and they placed the answer (no fall-back).
+            light += calls[:3] == [True, True, True] and len(calls) == 3
+        assert light >= 2, "the held renders never placed an answer"
+
+    def test_a_template_that_reads_the_content(self, model_dirs):
+        from shadow_proxy.worker.request.tokenizer import load_model
+
+        model = load_model("chatml", str(model_dirs["chatml"]))
+        messages = [
+            {"role": "user", "content": "q" * 80},
+            {"role": "assistant", "content": "a" * 80},
+            {"role": "user", "content": "q"},
+        ]
+        request = {"messages": messages}
+        text = model.chat_template.render(request)
+        assert prompt._held_renders(model.chat_template, request, messages, text) is not None
+        # A rendered text the held-out render does not give back (as when the
+        # template cuts or rewrites a content): the full renders are used.
+        assert prompt._held_renders(model.chat_template, request, messages, text + "x") is None
