@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.services import MODEL_DIR, MODEL_NAME
 from bench.worker_multiturn import conversations
-from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Request
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Pieces, Request
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.reference_taps import proxy_config, reference_taps
 from shadow_proxy.exchange import EndKind, Route
@@ -34,8 +34,8 @@ from shadow_proxy.worker.shard.joiner import Joiner
 from shadow_proxy.worker.shard.models import load_models
 
 HEAD = Head(200, 1_000, "text/event-stream", "")
-#: Events per hand-off message (the serving loop batches a stream's chunks).
-EVENTS_PER_MESSAGE = 16
+#: Chunks per hand-off message (the serving loop's ``Capture.BATCH_CHUNKS``).
+CHUNKS_PER_MESSAGE = 32
 
 
 def dynamo_stream(pieces: list[str], prompt_tokens: int) -> list[bytes]:
@@ -89,17 +89,28 @@ class TokenizerClock:
         return getattr(self.tokenizer, name)
 
 
-def messages_for(n: int, body: dict[str, Any], stream: list[bytes]) -> list[list[bytes]]:
-    """The hand-off messages of one exchange, as frames."""
+def messages_for(
+    n: int, body: dict[str, Any], stream: list[bytes], events_per_chunk: int
+) -> list[list[bytes]]:
+    """The hand-off messages of one exchange, as frames: the events in chunks of
+    ``events_per_chunk`` (as a proxy reads Dynamo's stream: two or three events a
+    read once it flows), ``Capture.BATCH_CHUNKS`` chunks a message, the last two
+    chunks with the end (``serving/handoff.py``)."""
     key = KEY.pack(n)
     now = time.monotonic_ns()
     raw = json.dumps(body).encode()
     out = [Request(key, Route.CHAT, time.time_ns(), now, 0, f"req-{n}", raw, b"").encode()]
-    for start in range(0, len(stream) - 2, EVENTS_PER_MESSAGE):
-        part = stream[start : min(start + EVENTS_PER_MESSAGE, len(stream) - 2)]
+    chunks = [
+        b"".join(stream[i : i + events_per_chunk]) for i in range(0, len(stream), events_per_chunk)
+    ]
+    body_chunks, tail = chunks[:-2], chunks[-2:]
+    for start in range(0, len(body_chunks), CHUNKS_PER_MESSAGE):
+        part = body_chunks[start : start + CHUNKS_PER_MESSAGE]
         offsets = [2_000 + start + i for i in range(len(part))]
-        out.append(Chunks(key, HEAD if start == 0 else None, offsets, part).encode())
-    out.append(End(key, EndKind.CLEAN, 9_000_000, None, "", [8_000, 8_001], stream[-2:]).encode())
+        head = HEAD if start == 0 else None
+        out.append(Chunks(key, head, offsets, Pieces.of(part)).encode())
+    end = End(key, EndKind.CLEAN, 9_000_000, None, "", [8_000, 8_001], Pieces.of(tail))
+    out.append(end.encode())
     return out
 
 
@@ -108,6 +119,9 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument(
         "--answer-tokens", type=int, default=0, help="0: as the bench asks (the reply's words)"
+    )
+    parser.add_argument(
+        "--events-per-chunk", type=int, default=2, help="events a proxy read holds (Dynamo: 1-3)"
     )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--side", choices=("all", "request", "chunks", "end"), default="all")
@@ -145,7 +159,8 @@ def main() -> None:
                 "stream_options": {"include_usage": True},
             }
             n += 1
-            exchanges.append(messages_for(n, body, dynamo_stream(pieces, 1000)))
+            stream = dynamo_stream(pieces, 1000)
+            exchanges.append(messages_for(n, body, stream, args.events_per_chunk))
             history.append({"role": "assistant", "content": "".join(pieces)})
     sides = {"request": 0.0, "chunks": 0.0, "end": 0.0}
     profiler = cProfile.Profile()

@@ -177,21 +177,46 @@ class Head:
         return cls(status, offset, content_type, encoding, sent)
 
 
-def _pack_chunks(offsets: list[int], data: list[bytes]) -> tuple[bytes, bytes]:
+@attrs.define
+class Pieces:
+    """Body chunks as one message carries them: their bytes joined, and each one's
+    length. The worker reads whole events straight from ``joined``
+    (``SSEParser.whole_events``) and splits it into chunks only when it must read
+    them one by one (``split``)."""
+
+    joined: bytes = b""
+    lengths: list[int] = attrs.field(factory=list)
+
+    @classmethod
+    def of(cls, chunks: list[bytes]) -> Pieces:
+        return cls(b"".join(chunks), list(map(len, chunks)))
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def split(self) -> list[bytes]:
+        """The chunks, each as its own bytes."""
+        joined, out, start = self.joined, [], 0
+        for length in self.lengths:
+            out.append(joined[start : start + length])
+            start += length
+        return out
+
+
+def _pack_chunks(offsets: list[int], data: Pieces) -> tuple[bytes, bytes]:
     """An index (n offsets as u64, then n lengths as u32) and the chunks joined."""
-    n = len(data)
-    return struct.pack(f">{n}Q{n}I", *offsets, *map(len, data)), b"".join(data)
+    n = len(data.lengths)
+    return struct.pack(f">{n}Q{n}I", *offsets, *data.lengths), data.joined
 
 
-def _unpack_chunks(index: bytes, joined: bytes) -> tuple[list[int], list[bytes]]:
+def _unpack_chunks(index: bytes, joined: bytes) -> tuple[list[int], Pieces]:
     n = len(index) // 12
     values = struct.unpack(f">{n}Q{n}I", index)
-    data, start = [], 0
-    view = memoryview(joined)
-    for length in values[n:]:
-        data.append(bytes(view[start : start + length]))
-        start += length
-    return list(values[:n]), data
+    lengths = list(values[n:])
+    if sum(lengths) != len(joined):
+        msg = "chunk lengths that do not add up to the chunks' bytes"
+        raise HandoffError(msg)
+    return list(values[:n]), Pieces(joined, lengths)
 
 
 @attrs.define
@@ -202,7 +227,7 @@ class Chunks:
     key: bytes
     head: Head | None
     offsets: list[int]
-    data: list[bytes]
+    data: Pieces
 
     def encode(self) -> list[bytes]:
         index, joined = _pack_chunks(self.offsets, self.data)
@@ -227,7 +252,7 @@ class End:
     #: From a fixed vocabulary (``serving/proxy.py``), never client text.
     detail: str = ""
     offsets: list[int] = attrs.field(factory=list)
-    data: list[bytes] = attrs.field(factory=list)
+    data: Pieces = attrs.field(factory=Pieces)
 
     @classmethod
     def lost(cls, key: bytes, offset_ns: int) -> End:

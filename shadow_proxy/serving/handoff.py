@@ -41,6 +41,7 @@ from shadow_proxy.channel.handoff import (
     Head,
     Hello,
     Last,
+    Pieces,
     Request,
 )
 from shadow_proxy.channel.stream import stream_buffers
@@ -350,7 +351,9 @@ class Capture:
             return
         self._bytes += len(data)
         if len(chunks) >= self.BATCH_CHUNKS or self._bytes >= self.BATCH_BYTES:
-            self._lost = not self._handoff._send(Chunks(self._key, self._head, offsets, chunks))
+            self._lost = not self._handoff._send(
+                Chunks(self._key, self._head, offsets, Pieces.of(chunks))
+            )
             self._head = None
             self._chunks, self._offsets = [], []
             self._bytes = 0
@@ -361,5 +364,7 @@ class Capture:
             self._chunks.clear()
             self._offsets.clear()
         offset = time.monotonic_ns() - self._arrival
-        end = End(self._key, kind, offset, self._head, detail, self._offsets, self._chunks)
+        end = End(
+            self._key, kind, offset, self._head, detail, self._offsets, Pieces.of(self._chunks)
+        )
         self._handoff._send(end)

@@ -71,7 +71,12 @@ class ChoiceTable:
     def add_text(self, choice: Choice, piece: str) -> None:
         if choice.text_truncated:
             return
-        data = piece.encode("utf-8", "replace")
+        self.add_utf8(choice, piece.encode("utf-8", "replace"))
+
+    def add_utf8(self, choice: Choice, data: bytes) -> None:
+        """``add_text`` of the text whose (valid) UTF-8 is ``data``."""
+        if choice.text_truncated:
+            return
         room = min(
             self.max_text_bytes_per_choice - len(choice.text),
             self.max_text_bytes_total - self.text_total,

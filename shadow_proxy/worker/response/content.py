@@ -19,11 +19,17 @@ from typing import Any
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.worker.response.chat_object import read_object
-from shadow_proxy.worker.response.choices import ChoiceTable
-from shadow_proxy.worker.response.fast_chunk import Chunk, read_batch, read_chunk
+from shadow_proxy.worker.response.choices import Choice, ChoiceTable
+from shadow_proxy.worker.response.event_template import EventTemplate, TemplateRead
+from shadow_proxy.worker.response.fast_chunk import Chunk, decode_batch, read_batch, read_chunk
 from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message, event_error
 from shadow_proxy.worker.response.responses_events import ResponsesReader
 from shadow_proxy.worker.response.sse import SSEEvent, WholeEvents
+
+#: How many of the structs' last chunks of a batch a template is learned from.
+_LEARN_FROM_LAST = 3
+#: Events the structs read at a time while the stream has no template.
+_LEARN_AHEAD = 4
 
 
 class BodyContent:
@@ -42,6 +48,8 @@ class BodyContent:
         "offsets",
         "responses",
         "route",
+        "template",
+        "template_choice",
         "upstream_id",
         "usage",
     )
@@ -64,6 +72,9 @@ class BodyContent:
         self.done = False
         #: ``/v1/responses``: typed events and the response object have their own reader.
         self.responses = ResponsesReader(choices) if route is Route.RESPONSES else None
+        #: The stream's repeated event (``event_template.py``) and the choice it feeds.
+        self.template: EventTemplate | None = None
+        self.template_choice: Choice | None = None
 
     def event(self, event: SSEEvent, offset_ns: int) -> None:
         """A dispatched SSE event, ``offset_ns`` after arrival."""
@@ -98,27 +109,98 @@ class BodyContent:
         if carried:
             self.content_at(offset_ns)
 
-    def batch(self, chunks: list[Chunk], whole: WholeEvents, offsets: list[int]) -> None:
-        """The events ``whole`` (``SSEParser.whole_array``), decoded as ``chunks``
-        (``fast_chunk.decode_batch``), the i-th ``offsets[i]`` after arrival,
-        read as ``data`` of each value would: in one pass up to the first the
-        general parser must read, then one by one."""
-        read, upstream_id, carried_at, malformed = read_batch(chunks, self.route, self.choices)
-        if self.upstream_id is None:
-            self.upstream_id = upstream_id
-        self.malformed += malformed
-        if carried_at:
-            if self.chunk_timing:
-                for at in carried_at:
-                    self.content_at(offsets[at])
-            else:
-                if self.first is None:
-                    self.first = offsets[carried_at[0]]
-                self.last = offsets[carried_at[-1]]
-        if read < whole.count:
-            values = whole.values()
-            for value, offset in zip(values[read:], offsets[read:], strict=True):
-                self.data(value, offset)
+    def whole(self, whole: WholeEvents, offsets: list[int]) -> bool:
+        """The events ``whole`` (``SSEParser.whole_events``) of a message whose
+        i-th chunk came ``offsets[i]`` after arrival, read as ``data`` of each
+        value would, in order: runs of events that fit the stream's template from
+        their bytes (``event_template.py``); the others, when each is one
+        ``data: `` line, decoded together into the typed structs and read in one
+        pass (``fast_chunk.read_batch``, a few at a time while there is no
+        template: the last plain chunk they read is the template from then on),
+        and one by one where the structs do not describe them. False, and
+        nothing read, when an event the template does not take first is not one
+        ``data: `` line."""
+        events, text, end = whole.events, whole.text, whole.end
+        count = len(events)
+        template = self.template
+        got = None if template is None else template.read(text, events, 0, end)
+        read = 0 if got is None else got.count
+        if read < count and not whole.valid(read):
+            return False
+        if got is not None and read == count and got.carried is None and not self.chunk_timing:
+            # All of them, each with text: the first and the last are enough.
+            self._templated(got, 0, [])
+            first = len(events[0]) + 1  # the first blank line's last byte
+            at = [offsets[whole.chunk_at(first)], offsets[whole.chunk_at(end - 1)]]
+            self._carried(at)
+            return True
+        at = list(map(offsets.__getitem__, whole.chunk_of()))
+        if got is not None:
+            self._templated(got, 0, at)
+        tried = 0  # the template was tried at events[tried] (and read up to ``read``)
+        while read < count:
+            template = self.template
+            if template is not None and tried != read:
+                tried = read
+                start = end - sum(map(len, events[read:])) - 2 * (count - read)
+                got = template.read(text, events[read:], start, end)
+                if got is not None:
+                    self._templated(got, read, at)
+                    read += got.count
+                    continue
+            stop = count if template is not None else min(count, read + _LEARN_AHEAD)
+            chunks = decode_batch(whole.array(read, stop))
+            done = 0
+            if chunks is not None:
+                done, upstream_id, carried_at, malformed = read_batch(
+                    chunks, self.route, self.choices
+                )
+                if self.upstream_id is None:
+                    self.upstream_id = upstream_id
+                self.malformed += malformed
+                if carried_at:
+                    self._carried([at[read + i] for i in carried_at])
+                self._learn(events, chunks, read, done)
+                read += done
+            if read < stop and (chunks is None or done < len(chunks)):
+                self.data(events[read][6:], at[read])  # one the structs do not describe
+                read += 1
+        return True
+
+    def _templated(self, got: TemplateRead, first: int, at: list[int]) -> None:
+        """The template's read of events from ``first`` (each at ``at[i]``; []: the
+        caller takes their offsets): the text, the content chunks, the offsets."""
+        choice = self.template_choice
+        assert choice is not None
+        if got.text:
+            self.choices.add_utf8(choice, got.text)
+        carried = range(got.count) if got.carried is None else got.carried
+        choice.content_chunks += len(carried)
+        if at and carried:
+            self._carried([at[first + i] for i in carried])
+
+    def _learn(self, events: list[bytes], chunks: list[Chunk], first: int, done: int) -> None:
+        """The template of the last of the structs' ``done`` chunks (events from
+        ``first``) that fits one (of the last few: a batch ends with a finish or
+        usage chunk at most)."""
+        for i in range(done - 1, max(done - _LEARN_FROM_LAST, 0) - 1, -1):
+            chunk = chunks[i]
+            template = EventTemplate.learn(events[first + i][6:], chunk, self.route)
+            if template is not None and chunk.choices:
+                choice = self.choices.choices.get(chunk.choices[0].index)
+                if choice is not None:
+                    self.template, self.template_choice = template, choice
+                    return
+
+    def _carried(self, offsets: list[int]) -> None:
+        """``content_at`` of each offset, in order (not empty)."""
+        if self.first is None:
+            self.first = offsets[0]
+        self.last = offsets[-1]
+        if self.chunk_timing:
+            room = self.max_offsets - len(self.offsets)
+            self.offsets.extend(offsets[: max(room, 0)])
+            self.dropped_offsets += max(len(offsets) - max(room, 0), 0)
 
     def json_data(self, data: str, offset_ns: int) -> None:
         if data == "[DONE]":

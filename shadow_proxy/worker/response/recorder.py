@@ -48,13 +48,13 @@ from __future__ import annotations
 
 import time
 
+from shadow_proxy.channel.handoff import Pieces
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.worker.budget import WorkBudget
 from shadow_proxy.worker.response import outcome
 from shadow_proxy.worker.response.choices import ChoiceTable
 from shadow_proxy.worker.response.content import BodyContent
 from shadow_proxy.worker.response.decoding import BodyDecoder, DecodeError, for_header
-from shadow_proxy.worker.response.fast_chunk import decode_batch
 from shadow_proxy.worker.response.observed import ObservedResponse, without_none
 from shadow_proxy.worker.response.outcome import clip
 from shadow_proxy.worker.response.sse import DEFAULT_MAX_EVENT_BYTES, SSEParser
@@ -220,10 +220,10 @@ class ResponseRecorder:
             self._problem = clip(f"corrupt {self._encoding} body: {exc}")
             self._body = None
 
-    def feed_many(self, data: list[bytes], offsets: list[int]) -> None:
-        """``feed`` of each chunk in turn (the same record, for less CPU): the
-        chunks of an unencoded stream that are each one whole one-line data event
-        (Dynamo's and vLLM's) are read at once (``_batch``)."""
+    def feed_many(self, data: Pieces, offsets: list[int]) -> None:
+        """``feed`` of each of a message's chunks in turn (the same record, for
+        less CPU): the chunks of an unencoded stream that hold whole one-line
+        data events (Dynamo's and vLLM's) are read at once (``_batch``)."""
         sse, decoder = self._sse, self._decoder
         if (
             sse is None
@@ -234,31 +234,26 @@ class ResponseRecorder:
             or self._ignoring
             or not self._batch(data, offsets)
         ):
-            for chunk, offset in zip(data, offsets, strict=True):
+            for chunk, offset in zip(data.split(), offsets, strict=True):
                 self.feed(chunk, offset)
 
-    def _batch(self, data: list[bytes], offsets: list[int]) -> bool:
-        """``feed_many``'s chunks in one decode and one pass, when they hold one-line
-        data events the typed structs read (``SSEParser.whole_array``,
-        ``fast_chunk.decode_batch``) and the events budget takes them all
-        (``BodyContent.batch``). False, and nothing read, otherwise."""
+    def _batch(self, data: Pieces, offsets: list[int]) -> bool:
+        """``feed_many``'s chunks read at once, when they complete one-line data
+        events (``SSEParser.whole_events``, ``BodyContent.whole``) and the events
+        budget takes them all. False, and nothing read, otherwise."""
         sse = self._sse
         assert sse is not None
-        whole = sse.whole_array(data)
+        whole = sse.whole_events(data)
         if whole is None:
             return False
         limit = self._max_events
         if limit is not None and self._events + whole.count > limit:
             return False
-        chunks = decode_batch(whole.array)
-        if chunks is None:
+        if not self._content.whole(whole, offsets):
             return False
         sse.take(whole)
         self._events += whole.count
         self._last_offset = offsets[-1]
-        chunk_of = whole.chunk_of
-        at = offsets if chunk_of is None else [offsets[i] for i in chunk_of]
-        self._content.batch(chunks, whole, at)
         if self._deadline is not None:
             self._clock(len(whole.text))
         return True

@@ -31,9 +31,13 @@ lines of one event).
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import operator
 
 import attrs
+
+from shadow_proxy.channel.handoff import Pieces
 
 DEFAULT_MAX_EVENT_BYTES = 8 * 1024 * 1024
 
@@ -62,38 +66,55 @@ class SSEEvent:
 
 @attrs.frozen
 class WholeEvents:
-    """Whole one-line data events a few chunks complete (``SSEParser.whole_array``)."""
+    """The events a hand-off message completes (``SSEParser.whole_events``), split
+    at their blank lines; whether each is one ``data: `` line is ``valid``'s to say."""
 
-    #: Their values as one JSON array: ``[value,value,...]``.
-    array: bytes
-    #: The bytes they were read from: the events from ``0`` to ``end`` (each
-    #: ``data: `` + value + blank line), then the start of the next one.
+    #: The bytes they were read from: the events up to ``end``, then the start of
+    #: the next one.
     text: bytes
-    count: int
-    #: For each event, the index of the chunk its blank line ended in; None when
-    #: each chunk is exactly one event.
-    chunk_of: list[int] | None
+    #: Each event without its blank line.
+    events: list[bytes]
     end: int
+    #: Where each chunk of the message ends in ``text`` (after the unterminated
+    #: line carried over from earlier chunks).
+    bounds: list[int]
 
-    def values(self) -> list[bytes]:
-        """Each event's value (the array's items)."""
-        return [event[6:] for event in self.text[: self.end - 2].split(b"\n\n")]
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    def valid(self, start: int = 0) -> bool:
+        """Whether ``events[start:]`` are each one ``data: `` line (no other line
+        end, no ``\\r``)."""
+        events = self.events[start:]
+        if not events:
+            return True
+        region = self.end - sum(map(len, events)) - 2 * len(events)
+        return (
+            all(map(bytes.startswith, events, itertools.repeat(b"data: ")))
+            and self.text.count(b"\n", region, self.end) == 2 * len(events)
+            and self.text.find(b"\r", region, self.end) < 0
+        )
+
+    def array(self, start: int = 0, stop: int | None = None) -> bytes:
+        """The values of ``events[start:stop]`` as one JSON array: ``[value,...]``."""
+        return b"[" + b",".join(map(_VALUE, self.events[start:stop])) + b"]"
+
+    def chunk_at(self, at: int) -> int:
+        """The index of the chunk byte ``at`` of ``text`` came in."""
+        return bisect.bisect_right(self.bounds, at)
+
+    def chunk_of(self) -> list[int]:
+        """For each event, the index of the chunk its blank line ended in."""
+        # The last byte of each event's blank line: its end, minus one.
+        ends = itertools.accumulate(map(_PLUS_TWO, map(len, self.events)), initial=-1)
+        next(ends)
+        return list(map(bisect.bisect_right, itertools.repeat(self.bounds), ends))
 
 
-def _completing_chunks(joined: bytes, tail: int, chunks: list[bytes], count: int) -> list[int]:
-    """For each of the ``count`` events in ``joined`` (``tail`` bytes carried over,
-    then ``chunks``), the chunk its blank line's last byte is in."""
-    out = []
-    bounds = itertools.accumulate(map(len, chunks), initial=tail)
-    next(bounds)
-    chunk, bound = 0, next(bounds)
-    at = -2
-    for _ in range(count):
-        at = joined.find(b"\n\n", at + 2)
-        while at + 1 >= bound:
-            chunk, bound = chunk + 1, next(bounds)
-        out.append(chunk)
-    return out
+#: An event's value: what follows ``data: ``.
+_VALUE = operator.itemgetter(slice(6, None))
+_PLUS_TWO = (2).__add__
 
 
 class SSEParser:
@@ -246,16 +267,18 @@ class SSEParser:
         self.events += len(values)
         return values
 
-    def whole_array(self, chunks: list[bytes]) -> WholeEvents | None:
-        """When the chunks (after the unterminated line left from earlier ones) are
-        one-line ``data: `` events, each ended by a blank line, then at most the
-        start of the next one (no ``\\r``, nothing but ``data`` lines, within the
-        event cap): those events (``WholeEvents``), their values as one JSON
-        array for ``fast_chunk.decode_batch``. Nothing changes until ``take``;
-        otherwise None, and ``feed`` reads the chunks."""
+    def whole_events(self, pieces: Pieces) -> WholeEvents | None:
+        """When a message's chunks (after the unterminated line left from earlier
+        ones) complete events that start a line (no event under way), each
+        within the event cap, and leave at most the start of a ``data: `` line
+        (no line end, no ``\\r``): those events, split at their blank lines
+        (``WholeEvents``; ``valid`` says whether each is one ``data: `` line),
+        read from the message's joined bytes without splitting them into
+        chunks. Nothing changes until ``take``; otherwise None, and ``feed``
+        reads the chunks."""
         if self._size or self._skip_lf or self._discarding or self._skip_line:
             return None
-        joined = b"".join(chunks)
+        joined = pieces.joined
         tail = self._tail_len
         if tail:
             joined = b"".join(self._tail) + joined
@@ -265,26 +288,12 @@ class SSEParser:
             or not joined.startswith(b"data: ")
             or last + LINE_OVERHEAD > self.max_event_bytes  # so each event is under the cap
             or len(joined) - last - 2 > self.max_event_bytes  # and the line still arriving
-            or b"\r" in joined
-            or b"\n" in joined[last + 2 :]
+            or joined.find(b"\n", last + 2) >= 0
+            or joined.find(b"\r", last + 2) >= 0
         ):
             return None
-        values = joined[6:last].replace(b"\n\ndata: ", b",")
-        if b"\n" in values:
-            return None  # a line that is not a data line, or an event of two lines
-        # Each separator replaced shortened the text by 7 bytes.
-        count = (last - 6 - len(values)) // 7 + 1
-        n = len(chunks)
-        aligned = not tail and count == n and last + 2 == len(joined)
-        if aligned and not all(map(bytes.endswith, chunks, itertools.repeat(b"\n\n"))):
-            aligned = False
-        return WholeEvents(
-            b"[" + values + b"]",
-            joined,
-            count,
-            None if aligned else _completing_chunks(joined, tail, chunks, count),
-            last + 2,
-        )
+        bounds = list(itertools.accumulate(pieces.lengths, initial=tail))[1:]
+        return WholeEvents(joined, joined[:last].split(b"\n\n"), last + 2, bounds)
 
     def take(self, whole: WholeEvents) -> None:
         """``whole`` was read: count its events as dispatched, keep what follows."""

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from shadow_proxy.channel import headers as engine_headers
-from shadow_proxy.channel.handoff import Chunks, End, Head, Request
+from shadow_proxy.channel.handoff import Chunks, End, Head, Pieces, Request
 from shadow_proxy.config import Config, ResponseOptions, SampleBy, TapConfig
 from shadow_proxy.exchange import DropReason, EndKind, Route
 from shadow_proxy.records.envelope import build_envelope
@@ -141,11 +141,13 @@ class Joiner:
                 if pending is not None:
                     if pending.recorder is not None and end is not EndKind.CAPTURE_LOST:
                         self.feed(pending.recorder, message.head, message.offsets, message.data)
-                    self.on_end(pending, end, message.offset_ns, message.detail, message.data)
+                    self.on_end(
+                        pending, end, message.offset_ns, message.detail, message.data.split()
+                    )
 
     @staticmethod
     def feed(
-        recorder: ResponseRecorder, head: Head | None, offsets: list[int], data: list[bytes]
+        recorder: ResponseRecorder, head: Head | None, offsets: list[int], data: Pieces
     ) -> None:
         """The response head (if this message carries it), then the chunks."""
         if head is not None:

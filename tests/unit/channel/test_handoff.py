@@ -20,6 +20,7 @@ from shadow_proxy.channel.handoff import (
     Hello,
     Kind,
     Last,
+    Pieces,
     Request,
 )
 from shadow_proxy.channel.stream import split_frames, stream_message
@@ -63,9 +64,11 @@ class TestRoundTrip:
 
     def test_chunks_and_end(self) -> None:
         head = Head(200, 12_345, "text/event-stream; charset=utf-8", "gzip", 678)
-        chunks = Chunks(KEY_41, head, [10, 20, 30], [b"data: a\n\n", b"", b"data: bc\n\n"])
+        chunks = Chunks(
+            KEY_41, head, [10, 20, 30], Pieces.of([b"data: a\n\n", b"", b"data: bc\n\n"])
+        )
         assert round_trip(chunks) == chunks
-        end = End(KEY_41, EndKind.CLIENT_GONE, 999, None, "client gone", [40], [b"x"])
+        end = End(KEY_41, EndKind.CLIENT_GONE, 999, None, "client gone", [40], Pieces.of([b"x"]))
         assert round_trip(end) == end
         assert round_trip(End.lost(KEY_41, 5)) == End(KEY_41, EndKind.CAPTURE_LOST, 5)
 
@@ -80,12 +83,12 @@ class TestRoundTrip:
         )
     )
     def test_any_chunks(self, pairs: list[tuple[bytes, int]]) -> None:
-        chunks = Chunks(KEY_41, None, [o for _, o in pairs], [c for c, _ in pairs])
+        chunks = Chunks(KEY_41, None, [o for _, o in pairs], Pieces.of([c for c, _ in pairs]))
         assert round_trip(chunks) == chunks
 
     def test_offset_out_of_range_is_refused(self) -> None:
         with pytest.raises(struct.error):
-            Chunks(KEY_41, None, [2**64], [b"x"]).encode()
+            Chunks(KEY_41, None, [2**64], Pieces.of([b"x"])).encode()
 
 
 class TestHead:

@@ -14,7 +14,7 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy.channel.handoff import KEY, Chunks, End, Request, peek
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Pieces, Request, peek
 from shadow_proxy.channel.stream import StreamDecoder, split_frames, stream_message
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.processes import reserve_endpoint
@@ -104,7 +104,7 @@ def q(
 
 
 def c(key: int, data: bytes = b"data: x\n\n") -> bytes:
-    return stream_message(Chunks(KEY.pack(key), None, [1], [data]).encode())
+    return stream_message(Chunks(KEY.pack(key), None, [1], Pieces.of([data])).encode())
 
 
 def e(key: int) -> bytes:

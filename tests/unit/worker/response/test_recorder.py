@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shadow_proxy.channel.handoff import Pieces
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 from tests.support import ROOT
@@ -300,7 +301,7 @@ class TestFeedMany:
             part = chunks[start : start + batch]
             offsets = list(range(start, start + len(part)))
             if many:
-                recorder.feed_many(part, offsets)
+                recorder.feed_many(Pieces.of(part), offsets)
             else:
                 for chunk, offset in zip(part, offsets, strict=True):
                     recorder.feed(chunk, offset)
@@ -354,7 +355,7 @@ tool_call = st.builds(
 
 class TestBatch:
     """A message of whole one-line data events is read in one decode and one pass
-    (``SSEParser.whole_array``, ``fast_chunk.read_batch``): the record is the one
+    (``SSEParser.whole_events``, ``fast_chunk.read_batch``): the record is the one
     ``feed`` of each chunk gives, for any mix of chunks (tool calls, usage, errors,
     several choices, chunks the structs do not describe) under small caps."""
 
@@ -380,7 +381,7 @@ class TestBatch:
             part = chunks[start : start + size]
             offsets = [10 + start + i for i in range(len(part))]
             if many:
-                recorder.feed_many(part, offsets)
+                recorder.feed_many(Pieces.of(part), offsets)
             else:
                 for chunk, offset in zip(part, offsets, strict=True):
                     recorder.feed(chunk, offset)
@@ -417,7 +418,7 @@ class TestBatch:
         recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=False)
         recorder.head(200, SSE, "", 1)
         recorder.feed(b": keep-alive\n\n", 2)
-        assert recorder._batch(chunks, [3, 4, 5])
+        assert recorder._batch(Pieces.of(chunks), [3, 4, 5])
         observed = recorder.finish(EndKind.CLEAN, 10)
         assert observed.choices[0].text == "Hello there"
         assert (observed.first_token_offset_ns, observed.last_token_offset_ns) == (3, 5)
@@ -433,8 +434,8 @@ class TestBatch:
         recorder = ResponseRecorder(Route.CHAT, 1, chunk_timing=True)
         recorder.head(200, SSE, "", 1)
         recorder.feed(b": keep-alive\n\n", 2)
-        assert recorder._batch(chunks[:2], [3, 4])
-        assert recorder._batch(chunks[2:], [5, 6])
+        assert recorder._batch(Pieces.of(chunks[:2]), [3, 4])
+        assert recorder._batch(Pieces.of(chunks[2:]), [5, 6])
         observed = recorder.finish(EndKind.CLEAN, 10)
         assert observed.choices[0].text == "Hello there!"
         assert list(observed.chunk_offsets_ns) == [4, 4, 5, 6]

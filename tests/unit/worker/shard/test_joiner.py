@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from shadow_proxy.channel import headers as engine_headers
-from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Request
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Pieces, Request
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
@@ -71,7 +71,7 @@ HEAD = Head(200, 1_000, "text/event-stream", "")
 
 
 def chunks(n: int, data: list[bytes], head: Head | None = None) -> Chunks:
-    return Chunks(key(n), head, [2_000 + i for i in range(len(data))], data)
+    return Chunks(key(n), head, [2_000 + i for i in range(len(data))], Pieces.of(data))
 
 
 def end(
@@ -81,7 +81,9 @@ def end(
     head: Head | None = None,
     detail: str = "",
 ) -> End:
-    return End(key(n), kind, 9_000, head, detail, [5_000 + i for i in range(len(data))], data)
+    return End(
+        key(n), kind, 9_000, head, detail, [5_000 + i for i in range(len(data))], Pieces.of(data)
+    )
 
 
 def queue(joiner: Joiner, tap: str) -> TapQueue:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shadow_proxy.channel.handoff import KEY, End, Head, Request
+from shadow_proxy.channel.handoff import KEY, End, Head, Pieces, Request
 from shadow_proxy.exchange import EndKind, Route
 from shadow_proxy.records import wire
 from shadow_proxy.records.envelope import check_envelope
@@ -73,7 +73,7 @@ def exchange(
     third = len(answer) // 3 + 1
     chunks = [answer[i : i + third] for i in range(0, len(answer), third)]
     offsets = [10 * (i + 1) for i in range(len(chunks))]
-    joiner.handle(End(k, end, 10**6, Head(status, 5, ctype, ""), "", offsets, chunks))
+    joiner.handle(End(k, end, 10**6, Head(status, 5, ctype, ""), "", offsets, Pieces.of(chunks)))
 
 
 def queue(joiner: Joiner, tap: str) -> TapQueue:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Request
+from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Pieces, Request
 from shadow_proxy.channel.stream import StreamDecoder, split_frames, stream_message
 from shadow_proxy.config import Config
 from shadow_proxy.exchange import EndKind, Route
@@ -88,14 +88,20 @@ HEAD = Head(200, 10, "text/event-stream", "")
 
 
 def c(key: int, chunks: list[bytes], head: bool = True) -> bytes:
-    message = Chunks(KEY.pack(key), HEAD if head else None, [1000] * len(chunks), chunks)
+    message = Chunks(KEY.pack(key), HEAD if head else None, [1000] * len(chunks), Pieces.of(chunks))
     return stream_message(message.encode())
 
 
 def e(key: int, chunks: list[bytes] = (), head: bool = False) -> bytes:
     data = list(chunks)
     message = End(
-        KEY.pack(key), EndKind.CLEAN, 5000, HEAD if head else None, "", [2000] * len(data), data
+        KEY.pack(key),
+        EndKind.CLEAN,
+        5000,
+        HEAD if head else None,
+        "",
+        [2000] * len(data),
+        Pieces.of(data),
     )
     return stream_message(message.encode())
 
