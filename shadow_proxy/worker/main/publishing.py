@@ -244,8 +244,6 @@ class Publishing:
                 before = queue.published + queue.dropped[late] + queue.publish_errors
                 waiting |= publisher.pump()
                 sent |= queue.published + queue.dropped[late] + queue.publish_errors != before
-            else:
-                publisher.drain_subscriptions()
         if sent:
             self._dirty = True
             self.checkpoint()

@@ -129,10 +129,14 @@ def _held_renders(
     """``render_prefix`` for ``answer_spans`` at a fraction of the cost: each long
     string content is held out (a short placeholder in its place, put back in
     the text the template rendered), so that a render of a prefix costs what
-    the template's frames cost rather than the conversation's length. Only
-    when the template treats contents so (prints each as it is, decides
-    nothing on it): the whole prompt rendered with them held out, then put
-    back, must be ``text`` exactly. None otherwise, or when no content is long."""
+    the template's frames cost rather than the conversation's length. None when
+    no content is long, or the prompt holds the placeholders' characters.
+
+    Whether the template prints each content as it is, ``answer_spans`` checks
+    on what these renders give: the head and the answer's frame, put back, must
+    be the prompt's own text up to the answer's end, cut where the tokenizer
+    cuts, and encode to the prompt's ids; a template that cuts, rewrites or
+    decides on a content fails that, and the caller then renders in full."""
     if "\ue002" in text or "\ue003" in text:
         return None  # the prompt holds the placeholders' characters itself
     held: list[Any] = []
@@ -149,14 +153,11 @@ def _held_renders(
     def put_back(rendered: str) -> str:
         parts = _HOLE.split(rendered)
         for at in range(1, len(parts), 2):
-            parts[at] = contents[int(parts[at])]
+            index = int(parts[at])
+            if index >= len(contents):
+                raise ValueError("a placeholder the template made up")
+            parts[at] = contents[index]
         return "".join(parts)
-
-    try:
-        if put_back(template.render({**request, "messages": held})) != text:
-            return None
-    except Exception:
-        return None
 
     def render_prefix(k: int, content: str | None) -> str:
         prefix = held[:k]

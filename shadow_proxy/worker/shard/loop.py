@@ -288,7 +288,15 @@ class ShardLoop:
         return pages * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
 
     def report(self) -> None:
+        self.outbox.counted = False
         self.outbox.send(messages.Metrics(self.joiner.metrics.tally.families()))
+
+    def idle(self) -> None:
+        """Nothing waits to be read: the metrics now, right after the records,
+        drops or skips they count (the main relays both in one snapshot). Busy,
+        or nothing counted since the last report: once a second (``periodic``)."""
+        if self.outbox.counted:
+            self.report()
 
     def periodic(self) -> None:
         self.report()
@@ -323,9 +331,7 @@ class ShardLoop:
                     running = False
                     break
             if running and not poller.poll(0):
-                # Idle: the metrics now, right after the records they count (the
-                # main relays both in one snapshot). Busy: once a second.
-                self.report()
+                self.idle()
             self.outbox.flush()
         self.finish()
         self.periodic()

@@ -30,6 +30,9 @@ class Outbox:
         self._out: list[bytes] = []
         #: Bit i: tap i got a record, drop or skip since ``touched`` was cleared.
         self.touched = 0
+        #: A record, drop or skip went out since the last metrics report (which the
+        #: main should relay with them: ``ShardLoop.run``).
+        self.counted = False
 
     def send(self, message: messages.ShardMessage) -> None:
         self._out += stream_buffers(message.encode())[0]
@@ -44,12 +47,15 @@ class Outbox:
 
     def record(self, tap: int, record: EncodedRecord, ready_mono_ns: int) -> None:
         self.touched |= 1 << tap
+        self.counted = True
         self.send(messages.Record(tap, ready_mono_ns, record))
 
     def drop(self, tap: int, reason: DropReason, count: int = 1) -> None:
         self.touched |= 1 << tap
+        self.counted = True
         self.send(messages.Drop(tap, reason, count))
 
     def skip(self, tap: int, reason: str) -> None:
         self.touched |= 1 << tap
+        self.counted = True
         self.send(messages.Skip(tap, reason))

@@ -124,9 +124,6 @@ class JetStreamPublisher:
             self.link.wake()
         return bool(items)
 
-    def drain_subscriptions(self) -> None:
-        """Nothing to read: JetStream has no subscriptions to drain."""
-
     def heartbeat(self, force: bool = False) -> None:
         """Every ``HEARTBEAT_S``, when the tap's numbers changed, queue a heartbeat."""
         now = time.monotonic()

@@ -116,11 +116,13 @@ class Publisher:
                 on_sent()
             if lag is not None and ready:
                 lag.observe((now - ready) / 1e9)
-        self.drain_subscriptions()
         return False
 
     def drain_subscriptions(self) -> None:
-        """Read (and discard) subscription messages so they never pile up."""
+        """Read (and discard) subscription messages so they never pile up (at most
+        the socket's RCVHWM of them wait): once a heartbeat, not after every
+        send (a subscriber's arrival or departure is one message; an empty
+        pipe's read costs a ``zmq.Again`` raised and caught)."""
         socket = self.socket
         try:
             while True:
@@ -130,6 +132,7 @@ class Publisher:
 
     def heartbeat(self) -> None:
         """Send the tap's state on ``{topic}.heartbeat``; a full pipe skips it."""
+        self.drain_subscriptions()
         queue = self.queue
         last = self.next_transport_sequence - 1 if self.next_transport_sequence else None
         beat = Heartbeat(

@@ -40,7 +40,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import minijinja
 
 from shadow_proxy.worker.request.fields import Reject
 from shadow_proxy.worker.request.templates import dynamo_messages as dm
@@ -121,7 +120,7 @@ class DynamoTemplate:
         context.update(extra)
         try:
             return self.env.render_template(name, **context)
-        except minijinja.TemplateError:
+        except Exception:  # a TemplateError, or a Python method of the value failing
             return None
 
     def _requires_arrays(self) -> bool:

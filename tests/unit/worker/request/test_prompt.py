@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 
 from shadow_proxy.devtools import modeldirs
@@ -257,18 +259,50 @@ class TestHeldRenders:
             light += calls[:3] == [True, True, True] and len(calls) == 3
         assert light >= 2, "the held renders never placed an answer"
 
-    def test_a_template_that_reads_the_content(self, model_dirs):
+    #: ChatML templates that read each content: trim it (Llama 3 does), cut a
+    #: thought out of earlier answers (DeepSeek R1, Qwen 3 do), decide on its length.
+    READING: ClassVar[dict[str, str]] = {
+        "trim": "{{ message['content'] | trim }}",
+        "split": "{{ message['content'].split('</think>')[-1] }}",
+        "length": "{% if message['content'] | length > 70 %}[long]{% endif %}"
+        "{{ message['content'] }}",
+    }
+
+    @pytest.mark.parametrize("reads", READING)
+    def test_a_template_that_reads_the_content(self, model_dirs, tmp_path, reads):
+        """The held renders' spans are the full renders' (or neither has any): the
+        checks on the prompt's text and ids refuse what a template made of a
+        held content, and the full renders decide."""
+        import json
+
+        from shadow_proxy.worker.request.preprocess import Preprocessor
         from shadow_proxy.worker.request.tokenizer import load_model
 
-        model = load_model("chatml", str(model_dirs["chatml"]))
-        messages = [
-            {"role": "user", "content": "q" * 80},
-            {"role": "assistant", "content": "a" * 80},
-            {"role": "user", "content": "q"},
-        ]
-        request = {"messages": messages}
-        text = model.chat_template.render(request)
-        assert prompt._held_renders(model.chat_template, request, messages, text) is not None
-        # A rendered text the held-out render does not give back (as when the
-        # template cuts or rewrites a content): the full renders are used.
-        assert prompt._held_renders(model.chat_template, request, messages, text + "x") is None
+        template = (
+            "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+            + self.READING[reads]
+            + "<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        )
+        source = model_dirs["chatml"]
+        config = json.loads((source / "tokenizer_config.json").read_text())
+        config["chat_template"] = template
+        for name in ("tokenizer.json", "config.json", "generation_config.json"):
+            (tmp_path / name).write_bytes((source / name).read_bytes())
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+        pre = Preprocessor({"m": load_model("m", str(tmp_path), None)})
+        for answer in ("  spaced " * 10, "<think>hm</think>" + "said " * 20, "plain " * 20):
+            messages = [
+                {"role": "user", "content": " q " * 30},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "and?"},
+            ]
+            raw = json.dumps({"model": "m", "messages": messages}).encode()
+            got = pre.preprocess(Route.CHAT, raw, 0)
+            held = prompt._held_renders
+            try:
+                prompt._held_renders = lambda *args: None
+                want = pre.preprocess(Route.CHAT, raw, 0)
+            finally:
+                prompt._held_renders = held
+            assert got == want, (reads, answer)

@@ -138,6 +138,27 @@ class TestSettles:
         assert loop.open == {}
 
 
+class TestIdleReport:
+    """An idle shard reports its metrics right after what it counted (records, drops,
+    skips), not after a message that sent none."""
+
+    @staticmethod
+    def reports(loop: ShardLoop, main: Main) -> int:
+        loop.idle()
+        loop.outbox.flush()
+        return sum(isinstance(m, messages.Metrics) for m in main.read())
+
+    def test_after_records_only(self, shard):
+        loop, main = shard
+        loop.on_message(q(1, time.monotonic_ns()))
+        assert self.reports(loop, main) == 1
+        loop.on_message(c(1, [SSE]))
+        assert self.reports(loop, main) == 0
+        loop.on_message(e(1))
+        assert self.reports(loop, main) == 1
+        assert self.reports(loop, main) == 0
+
+
 class TestLate:
     """Past max_lag_s: a request is not preprocessed; a response's records not built."""
 
