@@ -45,6 +45,7 @@ from shadow_proxy.worker.request.fields import Reject
 from shadow_proxy.worker.request.templates import dynamo_messages as dm
 from shadow_proxy.worker.request.templates.minijinja_env import (
     dynamo_environment,
+    escapes,
     to_template_value,
 )
 
@@ -87,6 +88,8 @@ class DynamoTemplate:
         self.names = tuple(templates)
         self.sources = dict(templates)
         self.env = dynamo_environment(dict(templates))
+        #: Short strings go to the templates as ``ShortStr`` unless one escapes.
+        self.short = not any(escapes(source) for source in self.sources.values())
         self.special_tokens = {
             key: special_tokens.get(key) for key in ("bos_token", "eos_token", "unk_token")
         }
@@ -208,13 +211,13 @@ class DynamoTemplate:
         )
         generation = request.get("add_generation_prompt") is not False and not continue_final
         context: dict[str, Any] = {
-            "messages": to_template_value(messages),
-            "tools": to_template_value(tools),
+            "messages": to_template_value(messages, self.short),
+            "tools": to_template_value(tools, self.short),
             **self.special_tokens,
             "add_generation_prompt": generation,
         }
         for key, value in template_kwargs(request).items():
-            context.setdefault(key, to_template_value(value))
+            context.setdefault(key, to_template_value(value, self.short))
         text = self.env.render_template(name, **context)
         return dm.cut_at_tag(text) if continue_final else text
 

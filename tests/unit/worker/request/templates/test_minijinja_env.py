@@ -12,7 +12,9 @@ import pytest
 from shadow_proxy.worker.request.templates.minijinja_env import (
     DynDict,
     DynList,
+    ShortStr,
     dynamo_environment,
+    escapes,
     nested_repr,
     python_string,
     rewrite_source,
@@ -26,10 +28,16 @@ VALUES = {
 }
 
 
-def render(source: str, **context: object) -> str:
-    """``source`` rendered in Dynamo's environment, values handed over as Dynamo does."""
+def render(source: str, short: bool | None = None, **context: object) -> str:
+    """``source`` rendered in Dynamo's environment, values handed over as Dynamo does
+    (short strings as ``ShortStr`` unless the source escapes, as ``DynamoTemplate``
+    hands them; ``short`` forces either)."""
     env = dynamo_environment({"t": source})
-    values = {key: to_template_value(value) for key, value in {**VALUES, **context}.items()}
+    if short is None:
+        short = not escapes(source)
+    values = {
+        key: to_template_value(value, short) for key, value in {**VALUES, **context}.items()
+    }
     return env.render_template("t", **values)
 
 
@@ -60,6 +68,9 @@ class TestEnvironment:
                 "01",
             ),
             ("{{ '<&>' }}|{{ '<a>' | e }}", "<&>|&lt;a&gt;"),
+            ("{{ x.u | e }}|{{ x.u | escape }}", "ü &lt;&amp;&gt;|ü &lt;&amp;&gt;"),
+            ("{{ x.u ~ '!' }}|{{ x.u == 'ü <&>' }}|{{ x.u | upper }}", "ü <&>!|True|Ü <&>"),
+            ("{{ x.u | tojson }}|{{ x.u | string }}|{{ x.u | length }}", '"ü <&>"|ü <&>|5'),
             ("{{ '  a \u00a0' | trim }}|{{ 'xax' | trim('x') }}", "a|a"),
             ("{{ '  a  '.strip() }}", "a"),
             ("{% if true %}\n  A\n{% endif %}B", "  A\nB"),
@@ -68,6 +79,8 @@ class TestEnvironment:
     )
     def test_expression(self, source: str, want: str) -> None:
         assert render(source) == want
+        if not escapes(source):  # short strings read as plain ones
+            assert render(source, short=True) == render(source, short=False)
 
     def test_raise_exception_and_undefined_attribute_fail(self) -> None:
         with pytest.raises(minijinja.TemplateError, match="boom"):
@@ -85,6 +98,17 @@ class TestEnvironment:
 
 class TestValues:
     """JSON values print as Dynamo's formatter prints them."""
+
+    def test_short_strings(self) -> None:
+        value = to_template_value({"r": "user", "c": "x" * 65, "l": ["a"]}, short=True)
+        assert type(value["r"]) is ShortStr and type(value["l"][0]) is ShortStr
+        assert type(value["c"]) is str  # long: plain
+        assert value == {"r": "user", "c": "x" * 65, "l": ["a"]}
+        assert type(to_template_value({"r": "user"})["r"]) is str
+
+    def test_escaping_sources(self) -> None:
+        assert escapes("{{ x | e }}") and escapes("{{ x|escape }}") and escapes("{{x|forceescape}}")
+        assert not escapes("{{ x | eq }}") and not escapes("{{ x | trim }}{{ e }}")
 
     def test_containers_print_like_the_formatter(self) -> None:
         value = to_template_value({"k": [1, 2.5, 'a"\n', None, False]})
