@@ -20,7 +20,7 @@ from shadow_proxy.worker.request.fields import (
     Reject,
     is_int,
 )
-from shadow_proxy.worker.request.spans import answer_spans
+from shadow_proxy.worker.request.spans import answer_spans, last_answer, place_answer
 from shadow_proxy.worker.request.tokenizer import LoadedModel
 
 #: Key of ``multi_modal_data`` that holds completions' ``prompt_embeds`` (base64).
@@ -93,8 +93,6 @@ def _spans(
             prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
         return template.render({**request, "messages": prefix, "add_generation_prompt": False})
 
-    light = _held_renders(template, request, messages, text)
-
     encoder = model.prompt_encoder
 
     def encode_text(piece: str) -> list[int]:
@@ -107,6 +105,30 @@ def _spans(
 
     added = _added_tokens(model.backend)
     try:
+        turns = model.turns
+        frames = turns.frames(template.render, request) if turns is not None else None
+        if frames is not None:
+            # The conversation's previous turn came here: its prompt is the head.
+            spans = None
+            j = last_answer(messages)
+            if j is not None and not messages[j].get("tool_calls"):
+                head = turns.head(request, messages, j)
+                if head is not None:
+                    spans = place_answer(
+                        messages,
+                        j,
+                        text,
+                        ids,
+                        head,
+                        frames.before,
+                        frames.after,
+                        encode_text,
+                        added,
+                    )
+            turns.remember(request, messages, text, frames)
+            if spans is not None:
+                return spans
+        light = _held_renders(template, request, messages, text)
         if light is not None:
             spans = answer_spans(messages, text, ids, light, encode_text, added)
             if spans is not None:

@@ -25,7 +25,9 @@ the replay falls back to open-loop for that conversation (``no_spans``).
 
 Cost: two renders of a prefix and the encoding of the prompt's end (from the
 last assistant message on); requests without an assistant message cost
-nothing.
+nothing. When the conversation's previous turn came to the same shard, its
+prompt is the head and the template's learned frame the frame
+(``turn_cache.py``): no render at all, the same checks (``place_answer``).
 """
 
 from __future__ import annotations
@@ -55,18 +57,9 @@ def answer_spans(
     generation prompt (the last one's content replaced by ``content`` unless
     None); ``encode`` encodes a text as the prompt is encoded; ``added`` are the
     tokenizer's added tokens (their text)."""
-    assistants = [
-        j for j, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"
-    ]
-    if not assistants:
+    j = last_answer(messages)
+    if j is None or answer_content(messages[j]) is None:
         return None
-    j = assistants[-1]
-    message = messages[j]
-    content = message.get("content")
-    if content is None:
-        content = ""
-    if not isinstance(content, str):
-        return None  # content parts: the frame of a text answer is not known
     try:
         head = render_prefix(j, None) if j else ""
         probe = render_prefix(j + 1, PROBE)
@@ -75,15 +68,59 @@ def answer_spans(
     if not probe.startswith(head) or probe.count(PROBE) != 1:
         return None
     before, after = probe[len(head) :].split(PROBE)
-    tail = head + before + content + after
-    if not text.startswith(tail):
-        return None  # earlier turns render otherwise later on, or the content is rewritten
+    return place_answer(messages, j, text, token_ids, head, before, after, encode, added)
+
+
+def last_answer(messages: Sequence[Any]) -> int | None:
+    """The index of the last assistant message, if any."""
+    for j in range(len(messages) - 1, -1, -1):
+        message = messages[j]
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            return j
+    return None
+
+
+def answer_content(message: dict) -> str | None:
+    """An answer's text content (None as ""); None for content parts, whose
+    frame is not known."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else None
+
+
+def place_answer(
+    messages: Sequence[Any],
+    j: int,
+    text: str,
+    token_ids: Sequence[int],
+    head: str,
+    before: str,
+    after: str,
+    encode: Callable[[str], list[int]],
+    added: Iterable[str],
+) -> dict[str, Any] | None:
+    """``answer_spans`` of answer ``j`` given the text before its frame (``head``)
+    and its frame: head, frame and content must be the start of ``text``, cut
+    at both ends beside an added token, and their encodings the prompt's ids."""
+    message = messages[j]
+    content = answer_content(message)
+    if content is None:
+        return None
+    # head + before + content + after begins the prompt (compared in place: no copy)
+    if not text.startswith(head):
+        return None  # earlier turns render otherwise later on
+    at = len(head)
+    for piece in (before, content, after):
+        if not text.startswith(piece, at):
+            return None  # the content is rewritten, or the frame is another
+        at += len(piece)
     specials = tuple(added)
-    if not (_safe(text, len(head), specials) and _safe(text, len(tail), specials)):
+    if not (_safe(text, len(head), specials) and _safe(text, at, specials)):
         return None
     segment, rest = (
-        encode(tail[len(head) :]),
-        encode(text[len(tail) :]) if text[len(tail) :] else [],
+        encode(text[len(head) : at]),
+        encode(text[at:]) if text[at:] else [],
     )
     end = len(token_ids) - len(rest)
     start = end - len(segment)
@@ -94,7 +131,8 @@ def answer_spans(
         answer["tool_calls"] = True  # no frame: a new answer would change the calls
     else:
         answer.update(before=before, after=after)
-    return {"assistants": len(assistants), "answers": [answer]}
+    assistants = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+    return {"assistants": assistants, "answers": [answer]}
 
 
 def _safe(text: str, at: int, specials: tuple[str, ...]) -> bool:

@@ -78,6 +78,10 @@ class LoadedModel:
     prompt_encoder: Any = None
     #: The prompt-bytes budget (``worker/budget.py``); None: no bound.
     max_prompt_bytes: int | None = None
+    #: Each conversation's previous prompt, for its next turn's answer spans
+    #: (``worker/request/turn_cache.py``); None: the spans are rendered. Set by
+    #: the tap worker after loading.
+    turns: Any = None
     #: Whose preprocessing the records reproduce: ``minijinja`` (Dynamo 1.6.1)
     #: or ``jinja2`` (vLLM 0.32).
     template_engine: str = "minijinja"

@@ -15,6 +15,7 @@ from shadow_proxy.config import Config
 from shadow_proxy.worker.budget import Budget, longest_token_bytes
 from shadow_proxy.worker.request.incremental import IncrementalEncoder
 from shadow_proxy.worker.request.tokenizer import LoadedModel, ModelLoadError, load_model
+from shadow_proxy.worker.request.turn_cache import TurnCache
 
 log = logging.getLogger(__name__)
 
@@ -85,5 +86,7 @@ def load_models(config: Config) -> dict[str, LoadedModel]:
                     "model %r: prompts encoded in full (%s)", entry.name, encoder.fallback_reason
                 )
         limit = budget.prompt_bytes(model.context_length, longest_token_bytes(model.backend))
-        models[entry.name] = attrs.evolve(model, prompt_encoder=encoder, max_prompt_bytes=limit)
+        models[entry.name] = attrs.evolve(
+            model, prompt_encoder=encoder, max_prompt_bytes=limit, turns=TurnCache()
+        )
     return models

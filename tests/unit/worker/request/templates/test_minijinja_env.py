@@ -35,9 +35,7 @@ def render(source: str, short: bool | None = None, **context: object) -> str:
     env = dynamo_environment({"t": source})
     if short is None:
         short = not escapes(source)
-    values = {
-        key: to_template_value(value, short) for key, value in {**VALUES, **context}.items()
-    }
+    values = {key: to_template_value(value, short) for key, value in {**VALUES, **context}.items()}
     return env.render_template("t", **values)
 
 

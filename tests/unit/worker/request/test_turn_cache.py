@@ -1,0 +1,152 @@
+"""The previous turn's prompt places the next turn's answer as the renders would: the
+same records with and without the cache, over multi-turn conversations and
+content-reading templates, on both template engines; bounded; keyed by the
+conversation and what the template is given."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+
+from shadow_proxy.exchange import Route
+from shadow_proxy.worker.request import prompt
+from shadow_proxy.worker.request.preprocess import Preprocessor
+from shadow_proxy.worker.request.tokenizer import load_model
+from shadow_proxy.worker.request.turn_cache import TurnCache, context_key
+from tests.support.requests import MODELS
+
+ENGINES = ("minijinja", "jinja2")
+LONG = "An answer, with <b>markup</b>, \u00e9, \U0001f600 and a \\ or two. " * 4
+
+
+def conversation(turns: int, system: bool = True) -> list[list[dict]]:
+    """The message lists of each turn of one conversation."""
+    messages: list[dict] = [{"role": "system", "content": "Be brief. " * 8}] if system else []
+    out = []
+    for k in range(turns):
+        messages = [*messages, {"role": "user", "content": f"Question {k}: " + "why? " * 12}]
+        out.append(messages)
+        messages = [*messages, {"role": "assistant", "content": f"{k}. {LONG}"}]
+    return out
+
+
+def preprocessors(model_dirs, name: str, engine: str = "minijinja") -> tuple[Preprocessor, ...]:
+    """With the cache, and without it (the renders place every answer)."""
+    model = load_model(name, str(model_dirs[name]), None, template_engine=engine)
+    cached = attrs.evolve(model, turns=TurnCache())
+    return Preprocessor({name: cached}), Preprocessor({name: model}), cached.turns
+
+
+def only_the_cache(monkeypatch) -> None:
+    """No renders to fall back on: an answer the cache cannot place has no spans."""
+    monkeypatch.setattr(prompt, "_held_renders", lambda *args: None)
+    monkeypatch.setattr(prompt, "answer_spans", lambda *args: None)
+
+
+class TestSameRecords:
+    """Each turn's record is the one the renders give; the cache placed them."""
+
+    @pytest.mark.parametrize("engine", ENGINES)
+    @pytest.mark.parametrize("model_name", MODELS)
+    def test_conversations(self, model_dirs, model_name, engine, monkeypatch):
+        cached, plain, turns = preprocessors(model_dirs, model_name, engine)
+        bodies = [
+            json.dumps({"model": model_name, "messages": messages, "max_tokens": 4 + k}).encode()
+            for system in (True, False)
+            for k, messages in enumerate(conversation(4, system))
+        ]
+        want = [plain.preprocess(Route.CHAT, body, 0) for body in bodies]
+        only_the_cache(monkeypatch)
+        got = [cached.preprocess(Route.CHAT, body, 0) for body in bodies]
+        assert got == want
+        placed = sum(1 for r in got if getattr(r, "prompt_spans", None))
+        assert placed == 6  # every turn but the first of each conversation
+        assert turns.hits == 6
+
+    @pytest.mark.parametrize("reads", ["trim", "split", "length"])
+    def test_a_template_that_reads_the_content(self, model_dirs, tmp_path, reads):
+        """Templates that trim, cut or decide on a content: whatever the cache
+        places, the renders would place the same (or nothing)."""
+        from tests.unit.worker.request.test_prompt import TestHeldRenders
+
+        template = (
+            "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+            + TestHeldRenders.READING[reads]
+            + "<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        )
+        source = model_dirs["chatml"]
+        config = json.loads((source / "tokenizer_config.json").read_text())
+        config["chat_template"] = template
+        for name in ("tokenizer.json", "config.json", "generation_config.json"):
+            (tmp_path / name).write_bytes((source / name).read_bytes())
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+        model = load_model("m", str(tmp_path), None)
+        cached = Preprocessor({"m": attrs.evolve(model, turns=TurnCache())})
+        plain = Preprocessor({"m": model})
+        for answer in ("  spaced " * 10, "<think>hm</think>" + "said " * 20, "plain " * 20):
+            messages: list[dict] = []
+            for k in range(3):
+                messages = [*messages, {"role": "user", "content": f" q{k} " * 20}]
+                body = json.dumps({"model": "m", "messages": messages}).encode()
+                assert cached.preprocess(Route.CHAT, body, 0) == plain.preprocess(
+                    Route.CHAT, body, 0
+                ), (reads, answer, k)
+                messages = [*messages, {"role": "assistant", "content": answer}]
+
+
+class TestKeys:
+    """A turn is found only by the same messages in the same request context."""
+
+    def test_other_messages_or_context(self, model_dirs, monkeypatch):
+        cached, _, turns = preprocessors(model_dirs, "chatml")
+        only_the_cache(monkeypatch)
+        first, second = conversation(2)
+        body = {"model": "chatml", "messages": first}
+        cached.preprocess(Route.CHAT, json.dumps(body).encode(), 0)
+        edited = [{**second[0], "content": "Be long."}, *second[1:]]  # an earlier message changed
+        for messages, extra in ((edited, {}), (second, {"chat_template_kwargs": {"x": 1}})):
+            got = cached.preprocess(
+                Route.CHAT, json.dumps({**body, "messages": messages, **extra}).encode(), 0
+            )
+            assert got.prompt_spans is None  # type: ignore[union-attr]
+        assert turns.hits == 0
+        got = cached.preprocess(Route.CHAT, json.dumps({**body, "messages": second}).encode(), 0)
+        assert got.prompt_spans is not None  # type: ignore[union-attr]
+        assert turns.hits == 1
+
+    def test_context_key(self):
+        assert context_key({"model": "m", "messages": [], "max_tokens": 3, "stream": True}) == ""
+        assert context_key({"tools": [{"a": 1}]}) != context_key({"tools": [{"a": 2}]})
+
+
+class TestBound:
+    """At most ``max_bytes`` of prompts, least recently used out."""
+
+    def test_eviction(self):
+        turns = TurnCache(max_bytes=40_000)
+        frames = turns.frames(lambda request: "x" if request["add_generation_prompt"] else "", {})
+        assert frames is None  # a template that renders no turn: nothing learned
+        from shadow_proxy.worker.request.turn_cache import Frames
+
+        frames = Frames("<gen>", "<a>", "</a>")
+        for k in range(20):
+            text = f"turn {k} " + "." * 2_000 + "<gen>"
+            turns.remember({}, [{"role": "user", "content": f"u{k}"}], text, frames)
+            assert turns.size_bytes <= turns.max_bytes
+        assert len(turns._turns) < 20
+        assert turns.head({}, [{"role": "user", "content": "u19"}], 1) is not None
+        assert turns.head({}, [{"role": "user", "content": "u0"}], 1) is None
+
+    def test_no_generation_prompt_is_not_kept(self):
+        from shadow_proxy.worker.request.turn_cache import Frames
+
+        turns = TurnCache()
+        messages = [{"role": "user", "content": "u"}]
+        turns.remember(
+            {"add_generation_prompt": False}, messages, "p<gen>", Frames("<gen>", "", "")
+        )
+        turns.remember({}, messages, "p without it", Frames("<gen>", "", ""))
+        assert turns.size_bytes == 0
