@@ -14,6 +14,8 @@ from the library's own source); what the cache holds and how its bound is measur
 
 from __future__ import annotations
 
+import bisect
+import math
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +27,15 @@ from shadow_proxy.worker.request.segments import NotSegmentable, Segmenter, prob
 
 #: The assistant message ``IncrementalEncoder.learn_answer_gap`` renders.
 _ANSWER_MARKER = "shadowproxyanswermarker"
+
+
+@attrs.frozen
+class Resume:
+    """Where the scan of a prompt restarted: after each cut token it matched, the
+    character offset and the ids before it; and the prompt's ids."""
+
+    ids: list[int]
+    points: list[tuple[int, int]]
 
 
 @attrs.define
@@ -45,6 +56,8 @@ class IncrementalEncoder:
     #: answers are not kept.
     answer_prefix: str | None = None
     answer_suffix: str = ""
+    #: The segmenter's longest cut token (``encode_turn``), once it was needed.
+    longest_raw: int | None = None
 
     def learn_answer_gap(self, render: Callable[[dict[str, Any]], str]) -> None:
         """Where the chat template puts an answer: render a conversation whose
@@ -114,6 +127,46 @@ class IncrementalEncoder:
         self.cache.put(prefix + text + suffix, array(IDS, piece_ids))
         return ids
 
+    def encode_turn(
+        self, text: str, previous: Resume | None = None, shared: int = 0
+    ) -> tuple[list[int], Resume | None]:
+        """``encode(text)``, and where its scan restarted (None without a segmenter).
+
+        ``previous``: the ``Resume`` of a text whose first ``shared`` characters
+        ``text`` shares (the conversation's previous prompt). Its pieces before
+        the last point where its scan restarted, at least the longest cut token
+        before ``shared``, are taken as they were, with their ids: the scan of
+        ``text`` makes the same matches up to there (each decided on the next
+        ``longest_raw`` characters, which the two texts share) and restarts
+        there too (``segments.py``, point 3). Only the rest is scanned."""
+        segmenter = self.segmenter
+        if segmenter is None:
+            return self.encode(text), None
+        start = kept = 0
+        points: list[tuple[int, int]] = []
+        if previous is not None:
+            if self.longest_raw is None:
+                self.longest_raw = segmenter.longest_raw
+            at = bisect.bisect_right(previous.points, (shared - self.longest_raw, math.inf))
+            if at:
+                points = previous.points[:at]
+                start, kept = points[-1]
+        pieces, ends = segmenter.split_raw_from(text, start)
+        found = self._encode_gaps([pieces], counted=True)
+        out = self._assemble(pieces, found)
+        self.returned_tokens += kept + len(out)
+        count = kept
+        matches = iter(ends)
+        for piece in pieces:
+            if type(piece) is str:
+                count += len(found[piece])
+            else:
+                count += 1
+                points.append((next(matches), count))
+        tail = out.tolist()
+        ids = previous.ids[:kept] + tail if previous is not None and kept else tail
+        return ids, Resume(ids, points)
+
     def encode_many(self, texts: list[str], *, counted: bool = True) -> list[list[int]]:
         """``encode`` of each text; the segments nobody has seen go to the tokenizer in
         one batch call, which runs on its Rust threads without the GIL."""
@@ -125,6 +178,19 @@ class IncrementalEncoder:
                 self.encoded_tokens += total
                 self.returned_tokens += total
             return result
+        all_gaps = [self.segmenter.split_raw(text) for text in texts]
+        found = self._encode_gaps(all_gaps, counted=counted)
+        result = []
+        for gaps in all_gaps:
+            out = self._assemble(gaps, found)
+            if counted:
+                self.returned_tokens += len(out)
+            result.append(out.tolist())
+        return result
+
+    def _encode_gaps(self, all_gaps: list[list[str | int]], *, counted: bool) -> dict[str, array]:
+        """The ids of every gap in ``all_gaps``: from the cache, or encoded (the new
+        ones, in one batch call) and cached."""
         # Two levels: a gap of the first cut (at non-normalized tokens) is looked up
         # whole, and only when it is new is it cut again at the normalized ones
         # (whose pieces are looked up or encoded, and the gap stored with their
@@ -132,6 +198,7 @@ class IncrementalEncoder:
         # point 2); the second cut, a regex scan of the text without a literal
         # prefix, is then paid for the new turns only.
         segmenter = self.segmenter
+        assert segmenter is not None
         cache = self.cache
         found: dict[str, array] = {}
         #: Each new first-cut gap, with its pieces.
@@ -147,7 +214,6 @@ class IncrementalEncoder:
             found[piece] = ids
             return True
 
-        all_gaps = [segmenter.split_raw(text) for text in texts]
         for gaps in all_gaps:
             for gap in gaps:
                 if type(gap) is not str or gap in new_gaps or look_up(gap):
@@ -177,15 +243,15 @@ class IncrementalEncoder:
                     ids.extend(found[piece])
             found[gap] = ids
             cache.put(gap, ids)
-        result = []
-        for gaps in all_gaps:
-            out = array(IDS)
-            for gap in gaps:
-                if isinstance(gap, int):
-                    out.append(gap)
-                else:
-                    out.extend(found[gap])
-            if counted:
-                self.returned_tokens += len(out)
-            result.append(out.tolist())
-        return result
+        return found
+
+    @staticmethod
+    def _assemble(gaps: list[str | int], found: dict[str, array]) -> array:
+        """One text's ids from its first-cut pieces."""
+        out = array(IDS)
+        for gap in gaps:
+            if isinstance(gap, int):
+                out.append(gap)
+            else:
+                out.extend(found[gap])
+        return out

@@ -75,24 +75,47 @@ def chat_tokens(
         raise
     except Exception:  # the template failed (raise_exception included): the frontend's 400
         raise Reject("template_error") from None
-    ids = encode(model, text, keep_nul=vllm)
-    return ids, _spans(model, request, messages, text, ids)
+    turns = model.turns
+    if turns is None or model.prompt_encoder is None or "\0" in text:
+        ids = encode(model, text, keep_nul=vllm)
+        return ids, _spans(model, request, messages, text, ids)
+    # The conversation's previous turn, when it came to this shard: its prompt
+    # begins this one (the scan of the text resumes near its end), and places
+    # the newest answer without a render.
+    frames = turns.frames(model.chat_template.render, request)
+    head, resume = 0, None
+    j = last_answer(messages)
+    if frames is not None and j is not None and not messages[j].get("tool_calls"):
+        head, resume = turns.head(request, messages, j, text, frames)
+    ids, resumed = encode_turn(model, text, resume, head)
+    spans = None
+    if head and frames is not None and j is not None:
+        spans = _placed(model, messages, j, text, ids, head, frames)
+    if spans is None:
+        spans = _spans(model, request, messages, text, ids)
+    if frames is not None and resumed is not None:
+        turns.remember(request, messages, text, frames, resumed)
+    return ids, spans
 
 
-def _spans(
-    model: LoadedModel, request: dict, messages: list, text: str, ids: list[int]
+def _placed(
+    model: LoadedModel, messages: list, j: int, text: str, ids: list[int], head: int, frames: Any
 ) -> dict[str, Any] | None:
-    template = model.chat_template
-    if template is None or model.backend is None:
+    """Answer ``j``'s spans given where its frame begins (``head``: the previous
+    turn's prompt, less its generation prompt, begins ``text``) and the
+    template's learned frame, checked as ``answer_spans`` checks the renders'."""
+    encode_text, added = _encoder(model), _added_tokens(model.backend)
+    try:
+        return place_answer(
+            messages, j, text, ids, head, frames.before, frames.after, encode_text, added
+        )
+    except Exception:  # spans are a help for replay; the renders may still place it
         return None
+
+
+def _encoder(model: LoadedModel) -> Callable[[str], list[int]]:
+    """How the spans encode parts of the prompt: as the prompt was encoded."""
     vllm = model.template_engine == "jinja2"
-
-    def render_prefix(k: int, content: str | None) -> str:
-        prefix = messages[:k]
-        if content is not None:
-            prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
-        return template.render({**request, "messages": prefix, "add_generation_prompt": False})
-
     encoder = model.prompt_encoder
 
     def encode_text(piece: str) -> list[int]:
@@ -103,31 +126,25 @@ def _spans(
             return encoder.encode(piece, counted=False)
         return model.encode(piece)
 
-    added = _added_tokens(model.backend)
+    return encode_text
+
+
+def _spans(
+    model: LoadedModel, request: dict, messages: list, text: str, ids: list[int]
+) -> dict[str, Any] | None:
+    """``answer_spans`` with the held-out renders, else the full renders."""
+    template = model.chat_template
+    if template is None or model.backend is None:
+        return None
+
+    def render_prefix(k: int, content: str | None) -> str:
+        prefix = messages[:k]
+        if content is not None:
+            prefix = [*prefix[:-1], {**prefix[-1], "content": content}]
+        return template.render({**request, "messages": prefix, "add_generation_prompt": False})
+
+    encode_text, added = _encoder(model), _added_tokens(model.backend)
     try:
-        turns = model.turns
-        frames = turns.frames(template.render, request) if turns is not None else None
-        if frames is not None:
-            # The conversation's previous turn came here: its prompt is the head.
-            spans = None
-            j = last_answer(messages)
-            if j is not None and not messages[j].get("tool_calls"):
-                head = turns.head(request, messages, j)
-                if head is not None:
-                    spans = place_answer(
-                        messages,
-                        j,
-                        text,
-                        ids,
-                        head,
-                        frames.before,
-                        frames.after,
-                        encode_text,
-                        added,
-                    )
-            turns.remember(request, messages, text, frames)
-            if spans is not None:
-                return spans
         light = _held_renders(template, request, messages, text)
         if light is not None:
             spans = answer_spans(messages, text, ids, light, encode_text, added)
@@ -264,6 +281,20 @@ def _with_specials(model: LoadedModel, request: dict, ids: list[int]) -> list[in
         return ids
     before, after = model.special_ids
     return [*before, *ids, *after] if before or after else ids
+
+
+def encode_turn(model: LoadedModel, text: str, resume: Any, shared: int) -> tuple[list[int], Any]:
+    """``encode`` of a chat prompt without NULs by the encoder's ``encode_turn``: its
+    scan resumes where the conversation's previous prompt's restarted
+    (``resume``; ``text`` shares its first ``shared`` characters), and the
+    result says where the next turn's may."""
+    limit = model.max_prompt_bytes
+    if limit is not None and text_over(text, limit):
+        raise Reject("prompt_over_budget")
+    try:
+        return model.prompt_encoder.encode_turn(text, resume, shared)
+    except Exception:
+        raise Reject("tokenizer_error") from None
 
 
 def encode(model: LoadedModel, text: str, *, keep_nul: bool = False) -> list[int]:

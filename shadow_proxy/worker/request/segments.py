@@ -172,6 +172,32 @@ class Segmenter:
         """The library's first cut only: at the non-normalized added tokens."""
         return _cut(text, self.raw, self.raw_ids)
 
+    def split_raw_from(self, text: str, start: int) -> tuple[list[str | int], list[int]]:
+        """``split_raw`` of ``text[start:]`` (``start`` a point where the scan of
+        ``text`` restarts: 0, or the end of a match), and where each match ends."""
+        pattern = self.raw
+        if pattern is None:
+            return ([text[start:]] if start < len(text) else []), []
+        ids = self.raw_ids
+        pieces: list[str | int] = []
+        ends: list[int] = []
+        at = start
+        for match in pattern.finditer(text, start):
+            if match.start() > at:
+                pieces.append(text[at : match.start()])
+            pieces.append(ids[match.group()])
+            at = match.end()
+            ends.append(at)
+        if at < len(text):
+            pieces.append(text[at:] if at else text)
+        return pieces, ends
+
+    @property
+    def longest_raw(self) -> int:
+        """The longest non-normalized added token, in characters: no match of the
+        scan reaches further than this from where it starts."""
+        return max(map(len, self.raw_ids), default=0)
+
     def split_normalized(self, gap: str) -> list[str | int]:
         """A gap of ``split_raw`` cut again at the normalized added tokens (itself
         when those are not cut): the pieces whose ids make up the gap's."""

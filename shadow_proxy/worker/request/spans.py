@@ -68,7 +68,9 @@ def answer_spans(
     if not probe.startswith(head) or probe.count(PROBE) != 1:
         return None
     before, after = probe[len(head) :].split(PROBE)
-    return place_answer(messages, j, text, token_ids, head, before, after, encode, added)
+    if not text.startswith(head):
+        return None  # earlier turns render otherwise later on
+    return place_answer(messages, j, text, token_ids, len(head), before, after, encode, added)
 
 
 def last_answer(messages: Sequence[Any]) -> int | None:
@@ -94,32 +96,30 @@ def place_answer(
     j: int,
     text: str,
     token_ids: Sequence[int],
-    head: str,
+    head: int,
     before: str,
     after: str,
     encode: Callable[[str], list[int]],
     added: Iterable[str],
 ) -> dict[str, Any] | None:
-    """``answer_spans`` of answer ``j`` given the text before its frame (``head``)
-    and its frame: head, frame and content must be the start of ``text``, cut
-    at both ends beside an added token, and their encodings the prompt's ids."""
+    """``answer_spans`` of answer ``j`` given where its frame begins in ``text``
+    (``head``: the caller has checked what comes before) and the frame: frame
+    and content must follow there, the text cut at both ends beside an added
+    token, and their encodings the prompt's ids."""
     message = messages[j]
     content = answer_content(message)
     if content is None:
         return None
-    # head + before + content + after begins the prompt (compared in place: no copy)
-    if not text.startswith(head):
-        return None  # earlier turns render otherwise later on
-    at = len(head)
+    at = head  # before + content + after follow (compared in place: no copy)
     for piece in (before, content, after):
         if not text.startswith(piece, at):
             return None  # the content is rewritten, or the frame is another
         at += len(piece)
     specials = tuple(added)
-    if not (_safe(text, len(head), specials) and _safe(text, at, specials)):
+    if not (_safe(text, head, specials) and _safe(text, at, specials)):
         return None
     segment, rest = (
-        encode(text[len(head) : at]),
+        encode(text[head:at]),
         encode(text[at:]) if text[at:] else [],
     )
     end = len(token_ids) - len(rest)

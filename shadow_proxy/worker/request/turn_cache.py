@@ -34,7 +34,10 @@ from typing import Any
 import attrs
 
 #: Default bound of one model's turn cache (``TurnCache.cost`` counts it).
-DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+#: What one prompt id held costs: its list slot, and the int (those under 256 are
+#: shared, the rest are not).
+ID_BYTES = 36
 #: Request contexts whose frames are kept.
 MAX_CONTEXTS = 64
 #: Request fields no chat template reads (sampling and output options): turns that
@@ -85,7 +88,11 @@ class Frames:
 @attrs.define
 class _Turn:
     messages: list[Any]
-    head: str
+    #: The turn's prompt; its head (less the generation prompt) is ``text[:cut]``.
+    text: str
+    cut: int
+    #: Where the prompt's scan restarted, and its ids (``IncrementalEncoder.Resume``).
+    resume: Any = None
 
 
 def context_key(request: dict) -> Hashable:
@@ -112,8 +119,11 @@ class TurnCache:
     )
 
     @staticmethod
-    def cost(head: str) -> int:
-        return 2 * sys.getsizeof(head)
+    def cost(text: str, resume: Any = None) -> int:
+        """The prompt twice (its text, and the parsed messages held beside it),
+        and its ids: a list slot and an int each (``ID_BYTES``)."""
+        ids = len(resume.ids) if resume is not None else 0
+        return 2 * sys.getsizeof(text) + ID_BYTES * ids
 
     def frames(self, render: Callable[[dict], str], request: dict) -> Frames | None:
         """The generation prompt and an answer's frame in ``request``'s context,
@@ -147,37 +157,54 @@ class TurnCache:
             self._frames.popitem(last=False)
         return frames
 
-    def head(self, request: dict, messages: list[Any], j: int) -> str | None:
-        """The prompt of the turn whose messages were ``messages[:j]`` (in the same
-        context), less its generation prompt; None when this cache has not seen it."""
+    def head(
+        self, request: dict, messages: list[Any], j: int, text: str, frames: Frames
+    ) -> tuple[int, Any]:
+        """How much of ``text`` (the prompt of ``messages``) is the prompt of the turn
+        whose messages were ``messages[:j]`` (in the same context) less its
+        generation prompt, and where that prompt's scan restarted (its
+        ``Resume``); (0, None) when this cache has not seen that turn or
+        ``text`` does not begin with it. Compared in place when the answer's
+        frame opens as the generation prompt does (the usual case: both begin
+        an assistant turn), else on a copy of the head."""
         key = (context_key(request), j, _last_content(messages, j))
         turn = self._turns.get(key)
         if turn is None or turn.messages != messages[:j]:
-            return None
+            return 0, None
         self._turns.move_to_end(key)
+        previous, cut = turn.text, turn.cut
+        if frames.before.startswith(frames.generation):
+            found = text.startswith(previous)  # head + generation, and head + before + ...
+        else:
+            found = text.startswith(previous[:cut])
+        if not found:
+            return 0, None
         self.hits += 1
-        return turn.head
+        return cut, turn.resume
 
-    def remember(self, request: dict, messages: list[Any], text: str, frames: Frames) -> None:
-        """Keep ``text``, the prompt of ``messages``, for the conversation's next turn."""
+    def remember(
+        self, request: dict, messages: list[Any], text: str, frames: Frames, resume: Any
+    ) -> None:
+        """Keep ``text``, the prompt of ``messages``, and where its scan restarted
+        (``resume``), for the conversation's next turn."""
         if (
             request.get("add_generation_prompt") is False
             or request.get("continue_final_message") is True
             or not text.endswith(frames.generation)
         ):
             return
-        head = text[: len(text) - len(frames.generation)]
-        cost = self.cost(head)
+        cost = self.cost(text, resume)
         if cost > self.max_bytes // 4:
             return
         key = (context_key(request), len(messages), _last_content(messages, len(messages)))
         old = self._turns.pop(key, None)
         if old is not None:
-            self.size_bytes -= self.cost(old.head)
+            self.size_bytes -= self.cost(old.text, old.resume)
         while self._turns and self.size_bytes + cost > self.max_bytes:
             _, evicted = self._turns.popitem(last=False)
-            self.size_bytes -= self.cost(evicted.head)
-        self._turns[key] = _Turn(list(messages), head)
+            self.size_bytes -= self.cost(evicted.text, evicted.resume)
+        cut = len(text) - len(frames.generation)
+        self._turns[key] = _Turn(list(messages), text, cut, resume)
         self.size_bytes += cost
 
 

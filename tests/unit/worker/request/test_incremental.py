@@ -328,3 +328,62 @@ class TestReuse:
         text = render(model, history)
         assert encoder.encode(text) == full(model, text)
         assert cut == [g for g in encoder.segmenter.split_raw(text) if isinstance(g, str)][-2:]
+
+
+class TestResumedScan:
+    """A prompt encoded from where the previous one's scan restarted has a full
+    encode's ids: for any texts sharing any prefix, whatever stands at the
+    divergence (cut tokens, pieces of them, tokens that run across it)."""
+
+    @pytest.mark.parametrize("name", MODELS)
+    @PROPERTY
+    @given(common=CONTENT, first=CONTENT, second=CONTENT, parts=st.lists(CONTENT, max_size=4))
+    def test_any_shared_prefix(self, loaded, encoders, name, common, first, second, parts):
+        model, encoder = loaded[name], fresh(encoders[name])
+        prefix = "".join(parts) + common
+        one, two = prefix + first, prefix + second
+        shared = len(prefix)
+        while shared < min(len(one), len(two)) and one[shared] == two[shared]:
+            shared += 1
+        ids_one, resume = encoder.encode_turn(one)
+        assert ids_one == full(model, one)
+        ids_two, again = encoder.encode_turn(two, resume, shared)
+        assert ids_two == full(model, two)
+        assert again is not None and again.ids == ids_two
+        # and once more from the second
+        three = two + first
+        assert encoder.encode_turn(three, again, len(two))[0] == full(model, three)
+
+    @pytest.mark.parametrize("name", MODELS)
+    def test_a_conversation_resumes_near_its_end(self, loaded, encoders, name):
+        model, encoder = loaded[name], fresh(encoders[name])
+        messages: list[dict] = [{"role": "system", "content": "Be brief. " * 30}]
+        resume, previous = None, ""
+        for k in range(6):
+            messages = [*messages, {"role": "user", "content": f"Question {k}? " * 40}]
+            text = render(model, messages)
+            shared = len(previous) if text.startswith(previous) else 0
+            ids, resume = encoder.encode_turn(text, resume, shared)
+            assert ids == full(model, text)
+            if k > 1:  # the scan restarted past most of the conversation (at the end of
+                # an answer at the latest: DeepSeek cuts there first, at its turns after)
+                assert resume is not None and resume.points
+                kept = max(at for at, _ in resume.points if at <= shared - encoder.longest_raw)
+                assert kept > len(previous) // 2
+            previous = text
+            messages = [*messages, {"role": "assistant", "content": f"Answer {k}. " * 40}]
+
+    def test_a_cut_token_that_runs_across_the_divergence(self, loaded):
+        """Cut tokens one of which begins another (``<x>``, ``<x><y>``): where the
+        first text ends a match, the second's may run on past the shared part;
+        the scan resumes at least the longest cut token before it."""
+        from tokenizers import AddedToken, Tokenizer
+
+        backend = Tokenizer.from_str(loaded["chatml"].backend.to_str())
+        backend.add_tokens([AddedToken(t, normalized=False) for t in ("<x>", "<x><y>")])
+        encoder = IncrementalEncoder.for_tokenizer(backend)
+        assert encoder.segmenter is not None, encoder.fallback_reason
+        one, two = "question <x>" + "z", "question <x>" + "<y> and more"
+        _, resume = encoder.encode_turn(one)
+        ids, _ = encoder.encode_turn(two, resume, len("question <x>"))
+        assert ids == backend.encode(two, add_special_tokens=False).ids

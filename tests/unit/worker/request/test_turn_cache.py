@@ -12,9 +12,10 @@ import pytest
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.worker.request import prompt
+from shadow_proxy.worker.request.incremental import IncrementalEncoder, Resume
 from shadow_proxy.worker.request.preprocess import Preprocessor
-from shadow_proxy.worker.request.tokenizer import load_model
-from shadow_proxy.worker.request.turn_cache import TurnCache, context_key
+from shadow_proxy.worker.request.tokenizer import LoadedModel, load_model
+from shadow_proxy.worker.request.turn_cache import Frames, TurnCache, context_key
 from tests.support.requests import MODELS
 
 ENGINES = ("minijinja", "jinja2")
@@ -32,9 +33,17 @@ def conversation(turns: int, system: bool = True) -> list[list[dict]]:
     return out
 
 
+def with_encoder(model: LoadedModel) -> LoadedModel:
+    """As the worker sets a model up (``worker/shard/models.py``)."""
+    encoder = IncrementalEncoder.for_tokenizer(model.backend)
+    encoder.learn_answer_gap(model.chat_template.render)
+    return attrs.evolve(model, prompt_encoder=encoder)
+
+
 def preprocessors(model_dirs, name: str, engine: str = "minijinja") -> tuple[Preprocessor, ...]:
-    """With the cache, and without it (the renders place every answer)."""
-    model = load_model(name, str(model_dirs[name]), None, template_engine=engine)
+    """With the cache, and without it (the renders place every answer; each prompt
+    is scanned from its start)."""
+    model = with_encoder(load_model(name, str(model_dirs[name]), None, template_engine=engine))
     cached = attrs.evolve(model, turns=TurnCache())
     return Preprocessor({name: cached}), Preprocessor({name: model}), cached.turns
 
@@ -83,7 +92,7 @@ class TestSameRecords:
         for name in ("tokenizer.json", "config.json", "generation_config.json"):
             (tmp_path / name).write_bytes((source / name).read_bytes())
         (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-        model = load_model("m", str(tmp_path), None)
+        model = with_encoder(load_model("m", str(tmp_path), None))
         cached = Preprocessor({"m": attrs.evolve(model, turns=TurnCache())})
         plain = Preprocessor({"m": model})
         for answer in ("  spaced " * 10, "<think>hm</think>" + "said " * 20, "plain " * 20):
@@ -123,30 +132,32 @@ class TestKeys:
 
 
 class TestBound:
-    """At most ``max_bytes`` of prompts, least recently used out."""
+    """At most ``max_bytes`` of prompts (and their ids), least recently used out."""
 
     def test_eviction(self):
-        turns = TurnCache(max_bytes=40_000)
+        turns = TurnCache(max_bytes=60_000)
         frames = turns.frames(lambda request: "x" if request["add_generation_prompt"] else "", {})
         assert frames is None  # a template that renders no turn: nothing learned
-        from shadow_proxy.worker.request.turn_cache import Frames
-
-        frames = Frames("<gen>", "<a>", "</a>")
-        for k in range(20):
-            text = f"turn {k} " + "." * 2_000 + "<gen>"
-            turns.remember({}, [{"role": "user", "content": f"u{k}"}], text, frames)
+        frames = Frames("<gen>", "<gen>", "</a>")
+        texts = [f"turn {k} " + "." * 2_000 + "<gen>" for k in range(20)]
+        for k, text in enumerate(texts):
+            resume = Resume(list(range(300)), [(5, 1)])
+            turns.remember({}, [{"role": "user", "content": f"u{k}"}], text, frames, resume)
             assert turns.size_bytes <= turns.max_bytes
         assert len(turns._turns) < 20
-        assert turns.head({}, [{"role": "user", "content": "u19"}], 1) is not None
-        assert turns.head({}, [{"role": "user", "content": "u0"}], 1) is None
+
+        def found(k: int) -> int:
+            messages = [{"role": "user", "content": f"u{k}"}, {"role": "assistant"}]
+            return turns.head({}, messages, 1, texts[k] + "answer</a>", frames)[0]
+
+        assert found(19) == len(texts[19]) - len("<gen>")
+        assert found(0) == 0
+        assert TurnCache.cost("x", Resume([1, 2], [])) > TurnCache.cost("x", Resume([], []))
 
     def test_no_generation_prompt_is_not_kept(self):
-        from shadow_proxy.worker.request.turn_cache import Frames
-
         turns = TurnCache()
         messages = [{"role": "user", "content": "u"}]
-        turns.remember(
-            {"add_generation_prompt": False}, messages, "p<gen>", Frames("<gen>", "", "")
-        )
-        turns.remember({}, messages, "p without it", Frames("<gen>", "", ""))
+        frames, resume = Frames("<gen>", "", ""), Resume([], [])
+        turns.remember({"add_generation_prompt": False}, messages, "p<gen>", frames, resume)
+        turns.remember({}, messages, "p without it", frames, resume)
         assert turns.size_bytes == 0
