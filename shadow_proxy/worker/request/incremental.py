@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import msgpack
 
 from shadow_proxy.worker.request.segment_cache import DEFAULT_MAX_BYTES, IDS, SegmentCache
 from shadow_proxy.worker.request.segments import NotSegmentable, Segmenter, probe
@@ -29,13 +30,41 @@ from shadow_proxy.worker.request.segments import NotSegmentable, Segmenter, prob
 _ANSWER_MARKER = "shadowproxyanswermarker"
 
 
+class TokenIds(list):
+    """A prompt's ids (``encode_turn``), and their MessagePack: an array's items,
+    without its header (``packed`` adds it). Made once, never changed."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.items = b""
+
+    def packed(self) -> bytes:
+        """The ids as ``msgpack.packb`` packs the list."""
+        n = len(self)
+        if n < 16:
+            return bytes((0x90 | n,)) + self.items
+        if n < 1 << 16:
+            return b"\xdc" + n.to_bytes(2, "big") + self.items
+        return b"\xdd" + n.to_bytes(4, "big") + self.items
+
+
+def _items(ids: list[int]) -> bytes:
+    """The MessagePack items of ``ids`` (the array without its header)."""
+    packed = msgpack.packb(ids)
+    n = len(ids)
+    return packed[1 if n < 16 else 3 if n < 1 << 16 else 5 :]
+
+
 @attrs.frozen
 class Resume:
     """Where the scan of a prompt restarted: after each cut token it matched, the
-    character offset and the ids before it; and the prompt's ids."""
+    character offset, the ids before it and their MessagePack's length; and the
+    prompt's ids."""
 
-    ids: list[int]
-    points: list[tuple[int, int]]
+    ids: TokenIds
+    points: list[tuple[int, int, int]]
 
 
 @attrs.define
@@ -130,7 +159,8 @@ class IncrementalEncoder:
     def encode_turn(
         self, text: str, previous: Resume | None = None, shared: int = 0
     ) -> tuple[list[int], Resume | None]:
-        """``encode(text)``, and where its scan restarted (None without a segmenter).
+        """``encode(text)`` (a ``TokenIds`` with its MessagePack), and where its scan
+        restarted (None without a segmenter).
 
         ``previous``: the ``Resume`` of a text whose first ``shared`` characters
         ``text`` shares (the conversation's previous prompt). Its pieces before
@@ -142,29 +172,40 @@ class IncrementalEncoder:
         segmenter = self.segmenter
         if segmenter is None:
             return self.encode(text), None
-        start = kept = 0
-        points: list[tuple[int, int]] = []
+        start = kept = kept_bytes = 0
+        points: list[tuple[int, int, int]] = []
         if previous is not None:
             if self.longest_raw is None:
                 self.longest_raw = segmenter.longest_raw
-            at = bisect.bisect_right(previous.points, (shared - self.longest_raw, math.inf))
+            limit = (shared - self.longest_raw, math.inf, math.inf)
+            at = bisect.bisect_right(previous.points, limit)
             if at:
                 points = previous.points[:at]
-                start, kept = points[-1]
+                start, kept, kept_bytes = points[-1]
         pieces, ends = segmenter.split_raw_from(text, start)
         found = self._encode_gaps([pieces], counted=True)
         out = self._assemble(pieces, found)
         self.returned_tokens += kept + len(out)
-        count = kept
+        tail = out.tolist()
+        # The ids' MessagePack, the tail's packed between its points: a point's
+        # offset in it is where a later prompt's kept ids end.
+        items = [previous.ids.items[:kept_bytes]] if previous is not None and kept else []
+        size, count, last = kept_bytes, kept, 0
         matches = iter(ends)
         for piece in pieces:
             if type(piece) is str:
                 count += len(found[piece])
             else:
                 count += 1
-                points.append((next(matches), count))
-        tail = out.tolist()
-        ids = previous.ids[:kept] + tail if previous is not None and kept else tail
+                packed = _items(tail[last : count - kept])
+                items.append(packed)
+                size += len(packed)
+                last = count - kept
+                points.append((next(matches), count, size))
+        items.append(_items(tail[last:]))
+        ids = TokenIds(previous.ids[:kept]) if previous is not None and kept else TokenIds()
+        ids += tail
+        ids.items = b"".join(items)
         return ids, Resume(ids, points)
 
     def encode_many(self, texts: list[str], *, counted: bool = True) -> list[list[int]]:

@@ -121,9 +121,11 @@ class TurnCache:
     @staticmethod
     def cost(text: str, resume: Any = None) -> int:
         """The prompt twice (its text, and the parsed messages held beside it),
-        and its ids: a list slot and an int each (``ID_BYTES``)."""
-        ids = len(resume.ids) if resume is not None else 0
-        return 2 * sys.getsizeof(text) + ID_BYTES * ids
+        and its ids: a list slot and an int each (``ID_BYTES``), and their
+        MessagePack."""
+        if resume is None:
+            return 2 * sys.getsizeof(text)
+        return 2 * sys.getsizeof(text) + ID_BYTES * len(resume.ids) + len(resume.ids.items)
 
     def frames(self, render: Callable[[dict], str], request: dict) -> Frames | None:
         """The generation prompt and an answer's frame in ``request``'s context,

@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from shadow_proxy.records.wire import WireError
+from shadow_proxy.worker.request.incremental import TokenIds
 from shadow_proxy.worker.sink import EncodedRecord
 
 MAX_DEPTH = 128
@@ -84,6 +85,8 @@ def _encode(envelope: Mapping[str, Any], packed: Packed | None = None) -> Encode
 
 
 def _pack_shared(packer: msgpack.Packer, value: Any, packed: Packed) -> bytes:
+    if type(value) is TokenIds:  # packed when encoded, most of it for an earlier turn
+        return value.packed()
     if type(value) is not list or len(value) < SHARED_LIST:
         return packer.pack(value)
     hit = packed.get(id(value))

@@ -6,13 +6,14 @@ import json
 from collections.abc import Callable
 
 import attrs
+import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.records.preprocessed import PreprocessedRequest
-from shadow_proxy.worker.request.incremental import IncrementalEncoder
+from shadow_proxy.worker.request.incremental import IncrementalEncoder, TokenIds
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.segment_cache import SegmentCache
 from shadow_proxy.worker.request.segments import Segmenter
@@ -352,7 +353,10 @@ class TestResumedScan:
         assert again is not None and again.ids == ids_two
         # and once more from the second
         three = two + first
-        assert encoder.encode_turn(three, again, len(two))[0] == full(model, three)
+        ids_three, _ = encoder.encode_turn(three, again, len(two))
+        assert ids_three == full(model, three)
+        for ids in (ids_one, ids_two, ids_three):  # their MessagePack, as packb packs them
+            assert isinstance(ids, TokenIds) and ids.packed() == msgpack.packb(list(ids))
 
     @pytest.mark.parametrize("name", MODELS)
     def test_a_conversation_resumes_near_its_end(self, loaded, encoders, name):
@@ -368,7 +372,7 @@ class TestResumedScan:
             if k > 1:  # the scan restarted past most of the conversation (at the end of
                 # an answer at the latest: DeepSeek cuts there first, at its turns after)
                 assert resume is not None and resume.points
-                kept = max(at for at, _ in resume.points if at <= shared - encoder.longest_raw)
+                kept = max(p[0] for p in resume.points if p[0] <= shared - encoder.longest_raw)
                 assert kept > len(previous) // 2
             previous = text
             messages = [*messages, {"role": "assistant", "content": f"Answer {k}. " * 40}]

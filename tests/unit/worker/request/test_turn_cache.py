@@ -12,7 +12,7 @@ import pytest
 
 from shadow_proxy.exchange import Route
 from shadow_proxy.worker.request import prompt
-from shadow_proxy.worker.request.incremental import IncrementalEncoder, Resume
+from shadow_proxy.worker.request.incremental import IncrementalEncoder, Resume, TokenIds
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import LoadedModel, load_model
 from shadow_proxy.worker.request.turn_cache import Frames, TurnCache, context_key
@@ -141,7 +141,7 @@ class TestBound:
         frames = Frames("<gen>", "<gen>", "</a>")
         texts = [f"turn {k} " + "." * 2_000 + "<gen>" for k in range(20)]
         for k, text in enumerate(texts):
-            resume = Resume(list(range(300)), [(5, 1)])
+            resume = Resume(TokenIds(range(300)), [(5, 1, 1)])
             turns.remember({}, [{"role": "user", "content": f"u{k}"}], text, frames, resume)
             assert turns.size_bytes <= turns.max_bytes
         assert len(turns._turns) < 20
@@ -152,12 +152,13 @@ class TestBound:
 
         assert found(19) == len(texts[19]) - len("<gen>")
         assert found(0) == 0
-        assert TurnCache.cost("x", Resume([1, 2], [])) > TurnCache.cost("x", Resume([], []))
+        more = Resume(TokenIds([1, 2]), [])
+        assert TurnCache.cost("x", more) > TurnCache.cost("x", Resume(TokenIds(), []))
 
     def test_no_generation_prompt_is_not_kept(self):
         turns = TurnCache()
         messages = [{"role": "user", "content": "u"}]
-        frames, resume = Frames("<gen>", "", ""), Resume([], [])
+        frames, resume = Frames("<gen>", "", ""), Resume(TokenIds(), [])
         turns.remember({"add_generation_prompt": False}, messages, "p<gen>", frames, resume)
         turns.remember({}, messages, "p without it", frames, resume)
         assert turns.size_bytes == 0

@@ -134,3 +134,20 @@ class TestPackedOnce:
         assert encoding.encode_record(other, packed).with_seq(0) == encode_envelope(
             {**other, "seq": 0}
         )
+
+    def test_ids_packed_when_encoded(self) -> None:
+        """A prompt's ids as the encoder gives them (``TokenIds``, their MessagePack
+        made with them) go into the record as they are: the same bytes."""
+        from shadow_proxy.worker.request.incremental import TokenIds
+
+        plain = [5, 300, 70_000, 127, 128, 255, 256, 65_535, 65_536] * 40
+        ids = TokenIds(plain)
+        ids.items = msgpack.packb(plain)[3:]
+        envelope = {"seq": None, "request": {"token_ids": ids}}
+        assert encoding.encode_record(envelope, {}).with_seq(1) == encode_envelope(
+            {"seq": 1, "request": {"token_ids": plain}}
+        )
+        ids.items = b""  # the packer's are what the record takes
+        assert encoding.encode_record(envelope, {}).with_seq(1) != encode_envelope(
+            {"seq": 1, "request": {"token_ids": plain}}
+        )
