@@ -5,10 +5,13 @@ The multiturn regime's conversations (``worker_multiturn.conversations``), each
 turn's answer streamed back in Dynamo's chunk shape (one ``data:`` event per
 token, ``usage`` in the last chunk) and resent as history, through a ``Joiner``
 with the reference taps: hand-off messages encoded and decoded as the shard gets
-them. Prints the CPU per request, split into request and response side, and the
-top functions::
+them. Prints the CPU per request, split into request and response side, the
+tokenizer's share (the prompt's new text, the answer's output ids) and the
+whole CPU over the tokenizer's (the floor: encoding the new text alone), and
+the top functions::
 
     .venv/bin/python -m bench.worker_profile --conversations 4 --answer-tokens 200
+    .venv/bin/python -m bench.worker_profile --history synthetic --sort none
 """
 
 from __future__ import annotations
@@ -123,6 +126,13 @@ def main() -> None:
     parser.add_argument(
         "--events-per-chunk", type=int, default=2, help="events a proxy read holds (Dynamo: 1-3)"
     )
+    parser.add_argument(
+        "--history",
+        choices=("frontend", "synthetic"),
+        default="frontend",
+        help="frontend: each answer as long as the reply and resent as streamed; synthetic: "
+        "8-token answers, the bench's own reply resent (the multiturn regime's two cases)",
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--side", choices=("all", "request", "chunks", "end"), default="all")
     parser.add_argument("--sort", default="tottime", choices=("tottime", "cumulative", "none"))
@@ -147,7 +157,8 @@ def main() -> None:
         history: list[dict[str, Any]] = [{"role": "system", "content": talk.system}]
         for user, reply in talk.turns:
             history.append({"role": "user", "content": user})
-            tokens = args.answer_tokens or len(reply.split())
+            synthetic = args.history == "synthetic"
+            tokens = args.answer_tokens or (8 if synthetic else len(reply.split()))
             ids = [rng.randrange(1000, vocab - 1000) for _ in range(tokens)]
             pieces = [tokenizer.decode([i]) for i in ids]
             events += len(pieces) + 2
@@ -161,21 +172,25 @@ def main() -> None:
             n += 1
             stream = dynamo_stream(pieces, 1000)
             exchanges.append(messages_for(n, body, stream, args.events_per_chunk))
-            history.append({"role": "assistant", "content": "".join(pieces)})
+            history.append(
+                {"role": "assistant", "content": reply if synthetic else "".join(pieces)}
+            )
     sides = {"request": 0.0, "chunks": 0.0, "end": 0.0}
+    encoded = {"request": 0.0, "chunks": 0.0, "end": 0.0}
     profiler = cProfile.Profile()
     profile = args.sort != "none"
     for frames_list in exchanges:
         for i, frames in enumerate(frames_list):
             side = "request" if i == 0 else "end" if i == len(frames_list) - 1 else "chunks"
             on = profile and args.side in ("all", side)
-            started = time.thread_time()
+            started, tokenizer_before = time.thread_time(), clock.seconds
             if on:
                 profiler.enable()
             joiner.handle(messages.decode_for_shard(frames))  # type: ignore[arg-type]
             if on:
                 profiler.disable()
             sides[side] += time.thread_time() - started
+            encoded[side] += clock.seconds - tokenizer_before
     requests = len(exchanges)
     per = {k: 1000 * v / requests for k, v in sides.items()}
     print(
@@ -184,6 +199,9 @@ def main() -> None:
         + f"; chunks per event {1e6 * sides['chunks'] / events:.2f} µs"
         + f" ({events / requests:.0f} events per request);"
         + f" tokenizer {1000 * clock.seconds / requests:.2f} ms of it"
+        + f" (prompt {1000 * encoded['request'] / requests:.2f}, answer"
+        + f" {1000 * encoded['end'] / requests:.2f}); CPU / tokenizer"
+        + f" {sum(sides.values()) / max(clock.seconds, 1e-9):.2f}"
     )
     if profile:
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)

@@ -372,6 +372,14 @@ class WorkerOptions:
         64 * MIB,
         check=checks.non_negative,
     )
+    #: Bytes of each conversation's previous prompt kept per process, for the next
+    #: turn's (``worker/request/turn_cache.py``), split evenly across models; 0: off.
+    turn_cache_bytes: int = key(
+        "Per shard: conversations' previous prompts (text, ids) kept for their next turns, "
+        "which then need no extra render and scan only their new text (0: off).",
+        64 * MIB,
+        check=checks.non_negative,
+    )
     #: A shard whose resident memory passes this restarts between requests; None: never.
     max_rss_mb: int | None = key(
         "A shard above this is replaced between requests; null: never.",

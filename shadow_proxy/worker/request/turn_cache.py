@@ -18,9 +18,11 @@ cuts, and encode to the prompt's ids; anything else (a template whose frames
 depend on the turn, a context the probe cannot render, an answer with tool calls,
 a first turn seen elsewhere) leaves it to the renders.
 
-Bound: at most ``max_bytes`` of prompts, least recently used out. A prompt is
-counted twice its size (``sys.getsizeof``): its text, and the request's own
-parsed messages it holds to compare the next turn's with.
+Bound: at most ``max_bytes`` (``worker.turn_cache_bytes`` per shard, split
+across models) of prompts, least recently used out. A prompt is counted twice
+its size (``sys.getsizeof``): its text, and the request's own parsed messages
+it holds to compare the next turn's with; and its ids at ``ID_BYTES`` each with
+their MessagePack. One prompt at most a quarter of the bound.
 """
 
 from __future__ import annotations

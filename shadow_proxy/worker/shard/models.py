@@ -64,6 +64,7 @@ def load_models(config: Config) -> dict[str, LoadedModel]:
     worker = config.worker
     budget = Budget(worker.max_prompt_bytes, worker.max_decoded_bytes, worker.max_request_cpu_s)
     cache_bytes = worker.tokenizer_cache_bytes // max(1, len(config.models))
+    turn_bytes = worker.turn_cache_bytes // max(1, len(config.models))
     models = {}
     for index, entry in enumerate(config.models):
         try:
@@ -86,7 +87,8 @@ def load_models(config: Config) -> dict[str, LoadedModel]:
                     "model %r: prompts encoded in full (%s)", entry.name, encoder.fallback_reason
                 )
         limit = budget.prompt_bytes(model.context_length, longest_token_bytes(model.backend))
+        turns = TurnCache(turn_bytes) if turn_bytes > 0 and encoder is not None else None
         models[entry.name] = attrs.evolve(
-            model, prompt_encoder=encoder, max_prompt_bytes=limit, turns=TurnCache()
+            model, prompt_encoder=encoder, max_prompt_bytes=limit, turns=turns
         )
     return models

@@ -38,7 +38,14 @@ class TestModels:
     def test_cache_off_and_explicit_budget(self, model_dirs) -> None:
         models = load_models(config(model_dirs, tokenizer_cache_bytes=0, max_prompt_bytes=1000))
         assert all(m.prompt_encoder is None for m in models.values())
+        assert all(m.turns is None for m in models.values())  # it resumes the encoder's scans
         assert all(m.max_prompt_bytes == 1000 for m in models.values())
+
+    def test_turn_caches(self, model_dirs) -> None:
+        models = load_models(config(model_dirs, turn_cache_bytes=1 << 20))
+        assert all(m.turns.max_bytes == (1 << 20) // 2 for m in models.values())
+        models = load_models(config(model_dirs, turn_cache_bytes=0))
+        assert all(m.turns is None for m in models.values())
 
     def test_tokenizer_metrics(self, model_dirs) -> None:
         models = load_models(config(model_dirs))
