@@ -95,6 +95,8 @@ class StreamDecoder:
 
     def feed(self, data: bytes) -> list[bytes]:
         buffer = self._buffer
+        if not buffer and type(data) is bytes:
+            return self._feed_whole(data)
         buffer += data
         messages = []
         pos, size = 0, len(buffer)
@@ -110,4 +112,21 @@ class StreamDecoder:
             self._buffer = bytearray()  # also gives back a large message's capacity
         elif pos:
             del buffer[:pos]
+        return messages
+
+    def _feed_whole(self, data: bytes) -> list[bytes]:
+        """``feed`` with nothing held: the messages are cut from ``data`` itself (a
+        message that is all of it is ``data``, not a copy), and only an
+        incomplete one at its end is kept."""
+        messages = []
+        pos, size = 0, len(data)
+        while size - pos >= U32.size:
+            (total,) = U32.unpack_from(data, pos)
+            end = pos + U32.size + total
+            if end > size:
+                break
+            messages.append(data if pos == 0 and end == size else data[pos:end])
+            pos = end
+        if pos < size:
+            self._buffer = bytearray(data[pos:] if pos else data)
         return messages

@@ -47,6 +47,16 @@ class TestStreamFraming:
             assert [split_frames(m) for m in got] == self.MESSAGES
             assert decoder.pending_bytes == 0
 
+    def test_whole_messages_are_not_copied(self):
+        """A read that is one whole message is that message (no copy); whole ones
+        and the start of the next are cut as they are, the start kept."""
+        one, two = encoded(self.MESSAGES[0]), encoded(self.MESSAGES[1])
+        decoder = StreamDecoder()
+        assert decoder.feed(one)[0] is one
+        got = decoder.feed(one + two[:5])
+        assert got == [one] and decoder.pending_bytes == 5
+        assert decoder.feed(two[5:]) == [two] and decoder.pending_bytes == 0
+
     def test_incomplete_message_is_held(self):
         data = encoded(self.MESSAGES[0])
         decoder = StreamDecoder()
