@@ -338,15 +338,13 @@ class WorkerOptions:
         4096,
         check=checks.at_least_1,
     )
-    #: Joiner processes (shards); None: one per core the sidecar is given
-    #: (``os.sched_getaffinity``, capped by the cgroup's CPU quota).
+    #: Joiner processes; None: one per core given (``sched_getaffinity``, cgroup quota).
     processes: int | None = key(
         "Joiner shards; null: one per core given (CPU affinity, cgroup quota).",
         None,
         check=checks.at_least_1,
     )
-    #: ``idle``: SCHED_IDLE on every thread of the worker's processes (CPU no
-    #: other task wants); ``nice``: only the niceness below.
+    #: ``idle``: SCHED_IDLE on every worker thread; ``nice``: only the niceness below.
     priority: Priority = key(
         "idle: SCHED_IDLE on every worker thread (CPU nothing else wants); nice: only nice.",
         Priority.IDLE,
@@ -358,25 +356,21 @@ class WorkerOptions:
         19,
         check=checks.niceness,
     )
-    #: A request or record older than this is given up (dropped as ``late``)
-    #: instead of processed late; None: never.
+    #: Older requests and records are dropped as ``late``, not processed late; None: never.
     max_lag_s: float | None = key(
         "Older requests and records are dropped (late), not published late; null: never.",
         30.0,
         check=checks.positive,
     )
-    #: Bytes of token ids of prompt segments kept per process for incremental
-    #: tokenization, split evenly across models; 0: every prompt encoded in full.
+    #: Prompt segments' ids kept per process, split across models; 0: full encodes.
     tokenizer_cache_bytes: int = key(
         "Per shard: prompt segments' token ids reused (0: every prompt encoded in full).",
         64 * MIB,
         check=checks.non_negative,
     )
-    #: Bytes of each conversation's previous prompt kept per process, for the next
-    #: turn's (``worker/request/turn_cache.py``), split evenly across models; 0: off.
+    #: ``worker/request/turn_cache.py``, split evenly across models.
     turn_cache_bytes: int = key(
-        "Per shard: conversations' previous prompts (text, ids) kept for their next turns, "
-        "which then need no extra render and scan only their new text (0: off).",
+        "Per shard: conversations' previous prompts kept for their next turns (0: off).",
         64 * MIB,
         check=checks.non_negative,
     )
@@ -386,8 +380,7 @@ class WorkerOptions:
         1024,
         check=checks.at_least_1,
     )
-    #: Work budget per request (``worker/budget.py``). Prompt text bytes; None:
-    #: the model's context length times its longest token's bytes.
+    #: Prompt text bytes per request (``worker/budget.py``); None: from the context length.
     max_prompt_bytes: int | None = key(
         "Prompt text bytes rendered and encoded at most; null: context length x 32 bytes "
         "per token, per model.",
