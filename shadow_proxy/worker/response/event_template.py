@@ -23,6 +23,7 @@ events after it go to the structs, in order.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 import re
@@ -35,11 +36,10 @@ from shadow_proxy.worker.response.fast_chunk import NULL, Chunk
 
 #: A byte a JSON string's body holds only escaped (or never, for control bytes).
 _SPECIAL = re.compile(rb'["\\\x00-\x1f]')
-#: JSON strings' bodies, each ended by a NUL (no body holds one): none ends inside an
-#: escape or holds a bare quote, so that msgspec decodes each of them as one
-#: string of an array, or refuses.
-_BODIES = re.compile(rb'(?:[^"\\\x00-\x1f]++|\\[^\x00-\x1f]|\x00)*+')
-_STRINGS = msgspec.json.Decoder(list[str])
+#: A JSON string's body that cannot end inside an escape or hold a bare quote
+#: (msgspec then decodes it between quotes as the structs would, or refuses).
+_BODY = re.compile(rb'(?:[^"\\\x00-\x1f]++|\\[^\x00-\x1f])*+')
+_STRING = msgspec.json.Decoder(str)
 #: The delta's text fields ``fast_chunk.read_batch`` adds to a choice's text.
 _CHAT_TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
 
@@ -153,22 +153,33 @@ class EventTemplate:
 
 
 def _pieces(pieces: list[bytes]) -> TemplateRead | None:
-    """The strings whose bodies are ``pieces``, read (all of them, or None)."""
+    """The strings whose bodies are ``pieces``, read (all of them, or None). A body
+    without a quote, a backslash or a control byte is its text's UTF-8; only
+    those with one are decoded (msgspec, as the structs decode them), each
+    checked first not to end inside an escape nor hold a bare quote."""
     joined = b"".join(pieces)
-    if _SPECIAL.search(joined) is None:
-        try:
-            joined.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
+    try:
+        joined.decode("utf-8")  # escapes are ASCII: the rest must be valid as it is
+    except UnicodeDecodeError:  # the structs refuse it: they read it then
+        return None
+    special = [match.start() for match in _SPECIAL.finditer(joined)]
+    if not special:
         text = joined
     else:
-        bodies = b"\x00".join(pieces)
-        if not _BODIES.fullmatch(bodies):
-            return None
-        try:
-            strings = _STRINGS.decode(b'["' + bodies.replace(b"\x00", b'","') + b'"]')
-        except msgspec.DecodeError:  # a bad escape, a lone surrogate
-            return None
-        text = "".join(strings).encode("utf-8")
+        ends = list(itertools.accumulate(map(len, pieces)))
+        parts, at = [], 0
+        for i in sorted({bisect.bisect_right(ends, offset) for offset in special}):
+            body = pieces[i]
+            if not _BODY.fullmatch(body):
+                return None
+            try:
+                decoded = _STRING.decode(b'"' + body + b'"')
+            except msgspec.DecodeError:  # a bad escape, a lone surrogate
+                return None
+            start = ends[i] - len(body)
+            parts += (joined[at:start], decoded.encode("utf-8"))
+            at = ends[i]
+        parts.append(joined[at:])
+        text = b"".join(parts)
     carried = None if b"" not in pieces else [i for i, p in enumerate(pieces) if p]
     return TemplateRead(len(pieces), text, carried)
