@@ -167,7 +167,8 @@ def _pieces(pieces: list[bytes]) -> TemplateRead | None:
         text = joined
     else:
         ends = list(itertools.accumulate(map(len, pieces)))
-        parts, at = [], 0
+        parts: list[bytes] = []
+        at = 0
         for i in sorted({bisect.bisect_right(ends, offset) for offset in special}):
             body = pieces[i]
             if not _BODY.fullmatch(body):
