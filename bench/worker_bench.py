@@ -77,6 +77,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
                 f"({part['plot']})",
                 "",
             ]
+        if part.get("ratios_per_round"):
+            out.append("| ratio | each round |")
+            out.append("|---|---|")
+            for what, ratios in part["ratios_per_round"].items():
+                out.append(f"| {what} | {', '.join(_cell(r) for r in ratios)} |")
+            out.append("")
         if part.get("lag"):
             out.append("| tap | record lag p99 s | published | dropped late |")
             out.append("|---|---:|---:|---:|")

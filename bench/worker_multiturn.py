@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -170,16 +171,28 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         frontend.stop()
     summary = {c: _median(r) for c, r in runs.items()}
     inc, full = summary["incremental"], summary["full re-encode"]
+    # Each ratio paired within a round (the same conversations, the same minute of
+    # this noisy machine), then the median over the rounds.
+    worker = "worker_cpu_ms_per_request"
+    per_round = {
+        "incremental / full re-encode": [
+            i[worker] / max(1e-9, f[worker])
+            for i, f in zip(runs["incremental"], runs["full re-encode"], strict=True)
+        ],
+        "worker / frontend": [
+            i[worker] / max(1e-9, i["frontend_cpu_ms_per_request"]) for i in runs["incremental"]
+        ],
+    }
     targets = [
         (
-            "incremental / full re-encode worker CPU per request <= 0.3",
-            inc["worker_cpu_ms_per_request"] / max(1e-9, full["worker_cpu_ms_per_request"]),
+            "incremental / full re-encode worker CPU per request <= 0.3 (median of rounds)",
+            statistics.median(per_round["incremental / full re-encode"]),
             0.3,
             False,
         ),
         (
-            "incremental worker CPU / frontend CPU per request <= 0.6 (issue 34)",
-            inc["worker_cpu_ms_per_request"] / max(1e-9, inc["frontend_cpu_ms_per_request"]),
+            "incremental worker CPU / frontend CPU per request <= 0.6 (issue 34; median of rounds)",
+            statistics.median(per_round["worker / frontend"]),
             0.6,
             False,
         ),
@@ -195,6 +208,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         "rounds": args.rounds,
         "cases": summary,
         "runs": runs,
+        "ratios_per_round": per_round,
         "targets": targets,
     }
 
