@@ -93,7 +93,7 @@ class TokenizerClock:
 
 
 def messages_for(
-    n: int, body: dict[str, Any], stream: list[bytes], events_per_chunk: int
+    n: int, body: dict[str, Any], stream: list[bytes], events_per_chunk: int, session: str
 ) -> list[list[bytes]]:
     """The hand-off messages of one exchange, as frames: the events in chunks of
     ``events_per_chunk`` (as a proxy reads Dynamo's stream: two or three events a
@@ -102,7 +102,9 @@ def messages_for(
     key = KEY.pack(n)
     now = time.monotonic_ns()
     raw = json.dumps(body).encode()
-    out = [Request(key, Route.CHAT, time.time_ns(), now, 0, f"req-{n}", raw, b"").encode()]
+    # As the bench's agents send it (``worker_multiturn``): the session header.
+    headers = f"x-dynamo-session-id:{session}\n".encode()
+    out = [Request(key, Route.CHAT, time.time_ns(), now, 0, f"req-{n}", raw, headers).encode()]
     chunks = [
         b"".join(stream[i : i + events_per_chunk]) for i in range(0, len(stream), events_per_chunk)
     ]
@@ -153,7 +155,7 @@ def main() -> None:
     vocab = tokenizer.get_vocab_size()
     exchanges = []
     n = events = 0
-    for talk in conversations(args.conversations, seed=0):
+    for index, talk in enumerate(conversations(args.conversations, seed=0)):
         history: list[dict[str, Any]] = [{"role": "system", "content": talk.system}]
         for user, reply in talk.turns:
             history.append({"role": "user", "content": user})
@@ -171,7 +173,7 @@ def main() -> None:
             }
             n += 1
             stream = dynamo_stream(pieces, 1000)
-            exchanges.append(messages_for(n, body, stream, args.events_per_chunk))
+            exchanges.append(messages_for(n, body, stream, args.events_per_chunk, f"conv-{index}"))
             history.append(
                 {"role": "assistant", "content": reply if synthetic else "".join(pieces)}
             )

@@ -134,8 +134,11 @@ class Preprocessor:
 
         multi_modal_data: dict[str, Any] = {}
         spans = None
+        context = identity.agent_context(headers, request, chat=chat)
         if chat:
-            token_ids, spans = chat_tokens(model, request, nvext, multi_modal_data)
+            # A request that names its session comes back to this shard for its next turn.
+            conversation = bool(context)
+            token_ids, spans = chat_tokens(model, request, nvext, multi_modal_data, conversation)
         else:
             token_ids = completion_tokens(model, request, multi_modal_data)
 
@@ -149,7 +152,6 @@ class Preprocessor:
         # max_tokens omitted stays unset: Dynamo 1.6.1 leaves it to the engine.
 
         timestamp = number(nvext, "request_timestamp_ms")
-        context = identity.agent_context(headers, request, chat=chat)
         return PreprocessedRequest(
             model=name,
             token_ids=token_ids,

@@ -34,10 +34,17 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 
 
 def chat_tokens(
-    model: LoadedModel, request: dict, nvext: dict, multi_modal_data: dict
+    model: LoadedModel,
+    request: dict,
+    nvext: dict,
+    multi_modal_data: dict,
+    conversation: bool = False,
 ) -> tuple[list[int], dict[str, Any] | None]:
     """The prompt's ids, and where its assistant answers sit (``spans.answer_spans``;
-    None when there are none or they cannot be placed exactly)."""
+    None when there are none or they cannot be placed exactly). ``conversation``:
+    the request names its session (its next turn comes to this shard): the
+    model's turn cache keeps its prompt for that turn and looks up the turn
+    before."""
     messages = request.get("messages")
     if messages is None or messages == []:
         raise Reject("missing_messages")
@@ -76,7 +83,7 @@ def chat_tokens(
     except Exception:  # the template failed (raise_exception included): the frontend's 400
         raise Reject("template_error") from None
     turns = model.turns
-    if turns is None or model.prompt_encoder is None or "\0" in text:
+    if not conversation or turns is None or model.prompt_encoder is None or "\0" in text:
         ids = encode(model, text, keep_nul=vllm)
         return ids, _spans(model, request, messages, text, ids)
     # The conversation's previous turn, when it came to this shard: its prompt

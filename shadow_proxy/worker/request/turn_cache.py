@@ -1,8 +1,9 @@
 """The previous turn's prompt of each conversation: where its next turn's answer sits,
 without rendering the conversation again.
 
-Pure module; one ``TurnCache`` per model in each shard (a conversation's turns
-come to the same shard: the main routes them by their session header).
+Pure module; one ``TurnCache`` per model in each shard. Only requests that name
+their session are kept and looked up (``prompt.chat_tokens``): the main routes
+a session's turns to one shard, and a request without one costs nothing here.
 
 ``answer_spans`` (``spans.py``) places a conversation's newest answer ``j`` with
 two renders: ``messages[:j]`` (the head) and ``messages[:j+1]`` with a probe for

@@ -19,6 +19,8 @@ from shadow_proxy.worker.request.turn_cache import Frames, TurnCache, context_ke
 from tests.support.requests import MODELS
 
 ENGINES = ("minijinja", "jinja2")
+#: The conversation's session header: its turns come to one shard (only then kept).
+SESSION = [("x-dynamo-session-id", "conversation-1")]
 LONG = "An answer, with <b>markup</b>, \u00e9, \U0001f600 and a \\ or two. " * 4
 
 
@@ -66,9 +68,9 @@ class TestSameRecords:
             for system in (True, False)
             for k, messages in enumerate(conversation(4, system))
         ]
-        want = [plain.preprocess(Route.CHAT, body, 0) for body in bodies]
+        want = [plain.preprocess(Route.CHAT, body, 0, SESSION) for body in bodies]
         only_the_cache(monkeypatch)
-        got = [cached.preprocess(Route.CHAT, body, 0) for body in bodies]
+        got = [cached.preprocess(Route.CHAT, body, 0, SESSION) for body in bodies]
         assert got == want
         placed = sum(1 for r in got if getattr(r, "prompt_spans", None))
         assert placed == 6  # every turn but the first of each conversation
@@ -100,10 +102,26 @@ class TestSameRecords:
             for k in range(3):
                 messages = [*messages, {"role": "user", "content": f" q{k} " * 20}]
                 body = json.dumps({"model": "m", "messages": messages}).encode()
-                assert cached.preprocess(Route.CHAT, body, 0) == plain.preprocess(
-                    Route.CHAT, body, 0
+                assert cached.preprocess(Route.CHAT, body, 0, SESSION) == plain.preprocess(
+                    Route.CHAT, body, 0, SESSION
                 ), (reads, answer, k)
                 messages = [*messages, {"role": "assistant", "content": answer}]
+
+
+class TestSessions:
+    """Only a request that names its session (its next turn comes to this shard)
+    is kept: single requests cost the cache nothing."""
+
+    def test_without_a_session(self, model_dirs, monkeypatch):
+        cached, _, turns = preprocessors(model_dirs, "chatml")
+        for messages in conversation(3):
+            body = json.dumps({"model": "chatml", "messages": messages}).encode()
+            cached.preprocess(Route.CHAT, body, 0)
+        assert turns.size_bytes == 0 and turns.hits == 0
+        for messages in conversation(3):
+            body = json.dumps({"model": "chatml", "messages": messages}).encode()
+            cached.preprocess(Route.CHAT, body, 0, SESSION)
+        assert turns.size_bytes > 0 and turns.hits == 2
 
 
 class TestKeys:
@@ -114,15 +132,17 @@ class TestKeys:
         only_the_cache(monkeypatch)
         first, second = conversation(2)
         body = {"model": "chatml", "messages": first}
-        cached.preprocess(Route.CHAT, json.dumps(body).encode(), 0)
+        cached.preprocess(Route.CHAT, json.dumps(body).encode(), 0, SESSION)
         edited = [{**second[0], "content": "Be long."}, *second[1:]]  # an earlier message changed
         for messages, extra in ((edited, {}), (second, {"chat_template_kwargs": {"x": 1}})):
             got = cached.preprocess(
-                Route.CHAT, json.dumps({**body, "messages": messages, **extra}).encode(), 0
+                Route.CHAT, json.dumps({**body, "messages": messages, **extra}).encode(), 0, SESSION
             )
             assert got.prompt_spans is None  # type: ignore[union-attr]
         assert turns.hits == 0
-        got = cached.preprocess(Route.CHAT, json.dumps({**body, "messages": second}).encode(), 0)
+        got = cached.preprocess(
+            Route.CHAT, json.dumps({**body, "messages": second}).encode(), 0, SESSION
+        )
         assert got.prompt_spans is not None  # type: ignore[union-attr]
         assert turns.hits == 1
 
