@@ -28,8 +28,9 @@ from shadow_proxy.worker.response.sse import SSEEvent, WholeEvents
 
 #: How many of the structs' last chunks of a batch a template is learned from.
 _LEARN_FROM_LAST = 3
-#: Events the structs read at a time while the stream has no template.
-_LEARN_AHEAD = 4
+#: Events the structs read at a time while the stream has no template (a short
+#: answer is read in one decode, a long one learns its template early).
+_LEARN_AHEAD = 16
 
 
 class BodyContent:
