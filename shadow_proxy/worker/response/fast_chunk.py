@@ -87,57 +87,10 @@ def read_chunk(
         chunk = _DECODER.decode(data)
     except msgspec.DecodeError:  # ValidationError included
         return None
-    if chunk.usage is not None or chunk.object == "error":
+    read, upstream_id, carried_at, malformed = read_batch([chunk], route, table)
+    if not read:
         return None
-    choices = chunk.choices
-    if choices:
-        for raw in choices:
-            delta = raw.delta
-            if delta is not None and (
-                delta.tool_calls is not None or delta.function_call is not None
-            ):
-                return None
-    rid = chunk.id
-    upstream_id = rid[:MAX_ID_CHARS] if rid else None
-    if choices is None:
-        return upstream_id, False, 0
-    chat, completions = route is not Route.COMPLETIONS, route is not Route.CHAT
-    carried = False
-    malformed = 0
-    for raw in choices:
-        choice = table.get(raw.index)
-        if choice is None:
-            continue
-        content = False
-        delta = raw.delta
-        if chat and delta is not None:
-            piece = delta.content
-            if piece:
-                table.add_text(choice, piece)
-                content = True
-            reasoning, other = delta.reasoning_content, delta.reasoning
-            for piece in (reasoning, other if other != reasoning else None, delta.refusal):
-                if piece:
-                    table.add_text(choice, piece)
-                    content = True
-        if completions:
-            piece = raw.text
-            if piece:
-                table.add_text(choice, piece)
-                content = True
-        ids = raw.token_ids
-        if ids:
-            if table.add_ids(choice, ids):
-                content = True
-            else:
-                malformed += 1
-        if content:
-            choice.content_chunks += 1
-            carried = True
-        reason = raw.finish_reason
-        if reason is not None:
-            choice.finish_reason = reason[:MAX_ID_CHARS]
-    return upstream_id, carried, malformed
+    return upstream_id, bool(carried_at), malformed
 
 
 _BATCH_DECODER = msgspec.json.Decoder(list[Chunk])

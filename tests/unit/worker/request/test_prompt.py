@@ -191,6 +191,26 @@ class TestSpansWithThePromptEncoder:
         assert encoder.returned_tokens == len(got.token_ids)
 
 
+def reading_model(model_dirs, path, reads: str):
+    """The ChatML model's files in ``path`` with a template that reads each content
+    as ``TestHeldRenders.READING[reads]`` says; ``path``."""
+    import json
+
+    template = (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        + TestHeldRenders.READING[reads]
+        + "<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    source = model_dirs["chatml"]
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    for name in ("tokenizer.json", "config.json", "generation_config.json"):
+        (path / name).write_bytes((source / name).read_bytes())
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
 class TestHeldRenders:
     """The spans' prefix renders with long contents held out give the very spans
     the full renders give, over the fidelity corpus and long conversations, on
@@ -278,19 +298,7 @@ class TestHeldRenders:
         from shadow_proxy.worker.request.preprocess import Preprocessor
         from shadow_proxy.worker.request.tokenizer import load_model
 
-        template = (
-            "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-            + self.READING[reads]
-            + "<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-        )
-        source = model_dirs["chatml"]
-        config = json.loads((source / "tokenizer_config.json").read_text())
-        config["chat_template"] = template
-        for name in ("tokenizer.json", "config.json", "generation_config.json"):
-            (tmp_path / name).write_bytes((source / name).read_bytes())
-        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-        pre = Preprocessor({"m": load_model("m", str(tmp_path), None)})
+        pre = Preprocessor({"m": load_model("m", str(reading_model(model_dirs, tmp_path, reads)))})
         for answer in ("  spaced " * 10, "<think>hm</think>" + "said " * 20, "plain " * 20):
             messages = [
                 {"role": "user", "content": " q " * 30},

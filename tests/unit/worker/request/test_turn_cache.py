@@ -80,21 +80,9 @@ class TestSameRecords:
     def test_a_template_that_reads_the_content(self, model_dirs, tmp_path, reads):
         """Templates that trim, cut or decide on a content: whatever the cache
         places, the renders would place the same (or nothing)."""
-        from tests.unit.worker.request.test_prompt import TestHeldRenders
+        from tests.unit.worker.request.test_prompt import reading_model
 
-        template = (
-            "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-            + TestHeldRenders.READING[reads]
-            + "<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-        )
-        source = model_dirs["chatml"]
-        config = json.loads((source / "tokenizer_config.json").read_text())
-        config["chat_template"] = template
-        for name in ("tokenizer.json", "config.json", "generation_config.json"):
-            (tmp_path / name).write_bytes((source / name).read_bytes())
-        (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-        model = with_encoder(load_model("m", str(tmp_path), None))
+        model = with_encoder(load_model("m", str(reading_model(model_dirs, tmp_path, reads))))
         cached = Preprocessor({"m": attrs.evolve(model, turns=TurnCache())})
         plain = Preprocessor({"m": model})
         for answer in ("  spaced " * 10, "<think>hm</think>" + "said " * 20, "plain " * 20):

@@ -18,6 +18,7 @@ from shadow_proxy.worker.response.event_template import EventTemplate
 from shadow_proxy.worker.response.fast_chunk import decode_batch
 from shadow_proxy.worker.response.recorder import ResponseRecorder
 from tests.support.responses import SSE
+from tests.unit.worker.response import test_recorder
 
 #: Dynamo 1.6.1's chat chunk around its content string, and vLLM's completions
 #: chunk around its text (as each frontend writes them).
@@ -96,25 +97,6 @@ def chunked(events: list[bytes], cuts: list[int]) -> list[bytes]:
     return [body[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-def observed(route: Route, chunks: list[bytes], sizes: list[int], many: bool, **caps: Any) -> Any:
-    recorder = ResponseRecorder(route, 2, **caps)
-    recorder.head(200, SSE, "", 1)
-    recorder.feed(b": keep-alive\n\n", 2)
-    start = 0
-    for size in itertools.cycle(sizes):
-        if start >= len(chunks):
-            break
-        part = chunks[start : start + size]
-        offsets = [10 + start + i for i in range(len(part))]
-        if many:
-            recorder.feed_many(Pieces.of(part), offsets)
-        else:
-            for chunk, offset in zip(part, offsets, strict=True):
-                recorder.feed(chunk, offset)
-        start += size
-    return recorder.finish(EndKind.CLEAN, 10_000)
-
-
 class TestSameRecord:
     """``feed_many`` (the template, the structs, one by one) gives the record ``feed``
     of each chunk gives."""
@@ -132,11 +114,13 @@ class TestSameRecord:
     def test_any_stream(self, data, route, cuts, at_events, sizes, timing, small) -> None:
         events = data.draw(stream(route))
         chunks = list(events) if at_events else chunked(events, cuts)
-        caps: dict[str, Any] = {"chunk_timing": timing}
+        caps: dict[str, Any] = {}
         if small:
             caps.update(max_text_bytes_per_choice=30, max_chunk_offsets=5, max_events=20)
-        assert observed(route, chunks, sizes, True, **caps) == observed(
-            route, chunks, sizes, False, **caps
+        # feed_many of each batch, or feed of each chunk (as the recorder's own batch test)
+        observed = test_recorder.TestBatch.observed
+        assert observed(chunks, sizes, route, True, timing, **caps) == observed(
+            chunks, sizes, route, False, timing, **caps
         )
 
 
