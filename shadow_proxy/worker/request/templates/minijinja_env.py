@@ -83,12 +83,13 @@ class ShortStr(str):
 
 #: The longest string ``to_template_value`` marks (``ShortStr``).
 SHORT_STR = 64
-_ESCAPING = re.compile(r"\|\s*(?:e|escape|forceescape)\b")
+_ESCAPING = re.compile(r"(?:\||\bfilter\s)\s*(?:e|escape|forceescape)\b|\bautoescape\b")
 
 
 def escapes(source: str) -> bool:
-    """Whether a template source uses an escaping filter (``e``, ``escape``,
-    ``forceescape``), which treats a marked-safe string otherwise."""
+    """Whether a template source escapes (the ``e``, ``escape``, ``forceescape``
+    filters, a ``filter`` block of one, an ``autoescape`` block), which treats a
+    marked-safe string otherwise."""
     return _ESCAPING.search(source) is not None
 
 

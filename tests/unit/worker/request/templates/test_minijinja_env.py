@@ -67,6 +67,8 @@ class TestEnvironment:
             ),
             ("{{ '<&>' }}|{{ '<a>' | e }}", "<&>|&lt;a&gt;"),
             ("{{ x.u | e }}|{{ x.u | escape }}", "ü &lt;&amp;&gt;|ü &lt;&amp;&gt;"),
+            ("{% filter escape %}{{ x.u }}{% endfilter %}", "ü &lt;&amp;&gt;"),
+            ("{% autoescape true %}{{ x.u }}{% endautoescape %}", "ü &lt;&amp;&gt;"),
             ("{{ x.u ~ '!' }}|{{ x.u == 'ü <&>' }}|{{ x.u | upper }}", "ü <&>!|True|Ü <&>"),
             ("{{ x.u | tojson }}|{{ x.u | string }}|{{ x.u | length }}", '"ü <&>"|ü <&>|5'),
             ("{{ '  a \u00a0' | trim }}|{{ 'xax' | trim('x') }}", "a|a"),
@@ -106,6 +108,8 @@ class TestValues:
 
     def test_escaping_sources(self) -> None:
         assert escapes("{{ x | e }}") and escapes("{{ x|escape }}") and escapes("{{x|forceescape}}")
+        assert escapes("{% filter escape %}{{ x }}{% endfilter %}")
+        assert escapes("{% autoescape true %}{{ x }}{% endautoescape %}")
         assert not escapes("{{ x | eq }}") and not escapes("{{ x | trim }}{{ e }}")
 
     def test_containers_print_like_the_formatter(self) -> None:
