@@ -276,19 +276,15 @@ class IncrementalEncoder:
         for gap, pieces in new_gaps.items():
             if len(pieces) == 1 and pieces[0] == gap:
                 continue  # stored above, as its own piece
-            ids = array(IDS)
-            for piece in pieces:
-                if isinstance(piece, int):
-                    ids.append(piece)
-                else:
-                    ids.extend(found[piece])
+            ids = self._assemble(pieces, found)
             found[gap] = ids
             cache.put(gap, ids)
         return found
 
     @staticmethod
     def _assemble(gaps: list[str | int], found: dict[str, array]) -> array:
-        """One text's ids from its first-cut pieces."""
+        """The ids of pieces (ids, or texts ``found`` holds), in order: a text's from
+        its first-cut gaps, or a gap's from its second-cut pieces."""
         out = array(IDS)
         for gap in gaps:
             if isinstance(gap, int):

@@ -175,22 +175,8 @@ class Segmenter:
     def split_raw_from(self, text: str, start: int) -> tuple[list[str | int], list[int]]:
         """``split_raw`` of ``text[start:]`` (``start`` a point where the scan of
         ``text`` restarts: 0, or the end of a match), and where each match ends."""
-        pattern = self.raw
-        if pattern is None:
-            return ([text[start:]] if start < len(text) else []), []
-        ids = self.raw_ids
-        pieces: list[str | int] = []
         ends: list[int] = []
-        at = start
-        for match in pattern.finditer(text, start):
-            if match.start() > at:
-                pieces.append(text[at : match.start()])
-            pieces.append(ids[match.group()])
-            at = match.end()
-            ends.append(at)
-        if at < len(text):
-            pieces.append(text[at:] if at else text)
-        return pieces, ends
+        return _cut(text, self.raw, self.raw_ids, start, ends), ends
 
     @property
     def longest_raw(self) -> int:
@@ -206,17 +192,25 @@ class Segmenter:
         return _cut(gap, self.normalized, self.normalized_ids)
 
 
-def _cut(text: str, pattern: re.Pattern[str] | None, ids: dict[str, int]) -> list[str | int]:
-    """``text`` cut at the matches of ``pattern``: gaps as str, matches as their ids."""
+def _cut(
+    text: str,
+    pattern: re.Pattern[str] | None,
+    ids: dict[str, int],
+    start: int = 0,
+    ends: list[int] | None = None,
+) -> list[str | int]:
+    """``text[start:]`` cut at the matches of ``pattern``: gaps as str, matches as
+    their ids; where each match ends is appended to ``ends`` if given."""
     if pattern is None:
-        return [text] if text else []
+        return [text[start:]] if start < len(text) else []
     pieces: list[str | int] = []
-    start = 0
-    for match in pattern.finditer(text):
+    for match in pattern.finditer(text, start):
         if match.start() > start:
             pieces.append(text[start : match.start()])
         pieces.append(ids[match.group()])
         start = match.end()
+        if ends is not None:
+            ends.append(start)
     if start < len(text):
         pieces.append(text[start:] if start else text)
     return pieces

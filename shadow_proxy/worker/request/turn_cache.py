@@ -36,6 +36,8 @@ from typing import Any
 
 import attrs
 
+from shadow_proxy.worker.request.spans import PROBE
+
 #: Default bound of one model's turn cache (``TurnCache.cost`` counts it).
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 #: What one prompt id held costs: its list slot, and the int (those under 256 are
@@ -72,8 +74,6 @@ _NOT_RENDERED = frozenset(
         "nvext",
     }
 )
-#: Stands for an answer's content in the probe (as ``spans.PROBE``).
-_PROBE = "\ue000shadow-answer\ue001"
 _QUESTION = "shadow-question"
 
 
@@ -140,7 +140,7 @@ class TurnCache:
             return self._frames[key]
         frames = None
         question = {"role": "user", "content": _QUESTION}
-        answer = {"role": "assistant", "content": _PROBE}
+        answer = {"role": "assistant", "content": PROBE}
         try:
             asked = render({**request, "messages": [question], "add_generation_prompt": False})
             generating = render({**request, "messages": [question], "add_generation_prompt": True})
@@ -153,9 +153,9 @@ class TurnCache:
             asked
             and generating.startswith(asked)
             and answered.startswith(asked)
-            and answered.count(_PROBE) == 1
+            and answered.count(PROBE) == 1
         ):
-            before, after = answered[len(asked) :].split(_PROBE)
+            before, after = answered[len(asked) :].split(PROBE)
             frames = Frames(generating[len(asked) :], before, after)
         self._frames[key] = frames
         while len(self._frames) > MAX_CONTEXTS:

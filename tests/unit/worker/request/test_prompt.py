@@ -280,12 +280,16 @@ class TestHeldRenders:
         assert light >= 2, "the held renders never placed an answer"
 
     #: ChatML templates that read each content: trim it (Llama 3 does), cut a
-    #: thought out of earlier answers (DeepSeek R1, Qwen 3 do), decide on its length.
+    #: thought out of earlier answers (DeepSeek R1, Qwen 3 do), decide on its
+    #: length, rewrite it whole (the probe shows it) or a word of it at the
+    #: same length (only the content check shows it).
     READING: ClassVar[dict[str, str]] = {
         "trim": "{{ message['content'] | trim }}",
         "split": "{{ message['content'].split('</think>')[-1] }}",
         "length": "{% if message['content'] | length > 70 %}[long]{% endif %}"
         "{{ message['content'] }}",
+        "upper": "{{ message['content'] | upper }}",
+        "replace": "{{ message['content'] | replace('said', 'told') }}",
     }
 
     @pytest.mark.parametrize("reads", READING)

@@ -96,6 +96,46 @@ class TestSameRecords:
                 messages = [*messages, {"role": "assistant", "content": answer}]
 
 
+class TestTruth:
+    """Where a template rewrites or decides on a content, an answer placed (by the
+    cache or the renders) holds that answer as it was sent (the ids of its frame
+    and content), and a new answer the template renders as it is splices into
+    the ids of the changed conversation. The checks on the prompt's text refuse
+    the rest."""
+
+    @pytest.mark.parametrize("reads", ["trim", "split", "length", "upper", "replace"])
+    def test_splice(self, model_dirs, tmp_path, reads):
+        from tests.unit.worker.request.test_prompt import reading_model
+
+        model = with_encoder(load_model("m", str(reading_model(model_dirs, tmp_path, reads))))
+        cached = Preprocessor({"m": attrs.evolve(model, turns=TurnCache())})
+        answers = ("  spaced " * 10, "<think>hm</think>" + "said " * 20, "plain " * 20 + "end")
+        light = 0
+        for answer in answers:
+            messages: list[dict] = []
+            for k in range(3):
+                messages = [*messages, {"role": "user", "content": f" q{k} " * 20}]
+                body = {"model": "m", "messages": messages}
+                got = cached.preprocess(Route.CHAT, json.dumps(body).encode(), 0, SESSION)
+                for placed in (got.prompt_spans or {}).get("answers", []):  # type: ignore[union-attr]
+                    ids = list(got.token_ids)  # type: ignore[union-attr]
+                    before, after = placed["before"], placed["after"]
+                    held = ids[placed["start"] : placed["end"]]
+                    assert held == model.encode(before + answer + after), (reads, answer, k)
+                    new = "another answer"  # every template here renders it as it is
+                    ids[placed["start"] : placed["end"]] = model.encode(before + new + after)
+                    changed = [dict(m) for m in messages]
+                    changed[placed["message"]]["content"] = new
+                    want = Preprocessor({"m": model}).preprocess(
+                        Route.CHAT, json.dumps({**body, "messages": changed}).encode(), 0
+                    )
+                    assert ids == want.token_ids, (reads, answer, k)  # type: ignore[union-attr]
+                    light += 1
+                messages = [*messages, {"role": "assistant", "content": answer}]
+        # content-reading answers are refused, the rest placed
+        assert light == {"trim": 2, "split": 4, "replace": 4}.get(reads, 0), light
+
+
 class TestSessions:
     """Only a request that names its session (its next turn comes to this shard)
     is kept: single requests cost the cache nothing."""
