@@ -96,37 +96,32 @@ class StreamDecoder:
     def feed(self, data: bytes) -> list[bytes]:
         buffer = self._buffer
         if not buffer and type(data) is bytes:
-            return self._feed_whole(data)
+            # Nothing held: the messages are cut from ``data`` itself (one that is
+            # all of it is ``data``, not a copy); only an incomplete end is kept.
+            messages, pos = _messages(data)
+            if pos < len(data):
+                self._buffer = bytearray(data[pos:])
+            return messages
         buffer += data
-        messages = []
-        pos, size = 0, len(buffer)
         with memoryview(buffer) as view:
-            while size - pos >= U32.size:
-                (total,) = U32.unpack_from(buffer, pos)
-                end = pos + U32.size + total
-                if end > size:
-                    break
-                messages.append(bytes(view[pos:end]))
-                pos = end
-        if pos == size:
+            messages, pos = _messages(view)
+        if pos == len(buffer):
             self._buffer = bytearray()  # also gives back a large message's capacity
         elif pos:
             del buffer[:pos]
         return messages
 
-    def _feed_whole(self, data: bytes) -> list[bytes]:
-        """``feed`` with nothing held: the messages are cut from ``data`` itself (a
-        message that is all of it is ``data``, not a copy), and only an
-        incomplete one at its end is kept."""
-        messages = []
-        pos, size = 0, len(data)
-        while size - pos >= U32.size:
-            (total,) = U32.unpack_from(data, pos)
-            end = pos + U32.size + total
-            if end > size:
-                break
-            messages.append(data if pos == 0 and end == size else data[pos:end])
-            pos = end
-        if pos < size:
-            self._buffer = bytearray(data[pos:] if pos else data)
-        return messages
+
+def _messages(source: bytes | memoryview) -> tuple[list[bytes], int]:
+    """The whole messages at the start of ``source``, each as bytes (a slice of
+    bytes that is all of them is the same object), and where they end."""
+    messages = []
+    pos, size = 0, len(source)
+    while size - pos >= U32.size:
+        (total,) = U32.unpack_from(source, pos)
+        end = pos + U32.size + total
+        if end > size:
+            break
+        messages.append(bytes(source[pos:end]))
+        pos = end
+    return messages, pos

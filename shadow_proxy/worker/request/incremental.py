@@ -85,8 +85,6 @@ class IncrementalEncoder:
     #: answers are not kept.
     answer_prefix: str | None = None
     answer_suffix: str = ""
-    #: The segmenter's longest cut token (``encode_turn``), once it was needed.
-    longest_raw: int | None = None
 
     def learn_answer_gap(self, render: Callable[[dict[str, Any]], str]) -> None:
         """Where the chat template puts an answer: render a conversation whose
@@ -175,9 +173,7 @@ class IncrementalEncoder:
         start = kept = kept_bytes = 0
         points: list[tuple[int, int, int]] = []
         if previous is not None:
-            if self.longest_raw is None:
-                self.longest_raw = segmenter.longest_raw
-            limit = (shared - self.longest_raw, math.inf, math.inf)
+            limit = (shared - segmenter.longest_raw, math.inf, math.inf)
             at = bisect.bisect_right(previous.points, limit)
             if at:
                 points = previous.points[:at]

@@ -43,6 +43,7 @@ or a failing test.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -178,7 +179,7 @@ class Segmenter:
         ends: list[int] = []
         return _cut(text, self.raw, self.raw_ids, start, ends), ends
 
-    @property
+    @functools.cached_property
     def longest_raw(self) -> int:
         """The longest non-normalized added token, in characters: no match of the
         scan reaches further than this from where it starts."""

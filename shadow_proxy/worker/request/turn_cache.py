@@ -95,7 +95,7 @@ class _Turn:
     text: str
     cut: int
     #: Where the prompt's scan restarted, and its ids (``IncrementalEncoder.Resume``).
-    resume: Any = None
+    resume: Any
 
 
 def context_key(request: dict) -> Hashable:
@@ -122,12 +122,10 @@ class TurnCache:
     )
 
     @staticmethod
-    def cost(text: str, resume: Any = None) -> int:
+    def cost(text: str, resume: Any) -> int:
         """The prompt twice (its text, and the parsed messages held beside it),
         and its ids: a list slot and an int each (``ID_BYTES``), and their
         MessagePack."""
-        if resume is None:
-            return 2 * sys.getsizeof(text)
         return 2 * sys.getsizeof(text) + ID_BYTES * len(resume.ids) + len(resume.ids.items)
 
     def frames(self, render: Callable[[dict], str], request: dict) -> Frames | None:

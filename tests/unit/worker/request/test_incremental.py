@@ -372,7 +372,8 @@ class TestResumedScan:
             if k > 1:  # the scan restarted past most of the conversation (at the end of
                 # an answer at the latest: DeepSeek cuts there first, at its turns after)
                 assert resume is not None and resume.points
-                kept = max(p[0] for p in resume.points if p[0] <= shared - encoder.longest_raw)
+                margin = encoder.segmenter.longest_raw
+                kept = max(p[0] for p in resume.points if p[0] <= shared - margin)
                 assert kept > len(previous) // 2
             previous = text
             messages = [*messages, {"role": "assistant", "content": f"Answer {k}. " * 40}]
