@@ -147,6 +147,11 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                     start = {t["name"]: t["next_seq"] for t in listing(url)}
                     before = _cpu(pids)
                     sent = await _converse(url, talks, args.concurrency or 8, args.answers)
+                    if not sent:  # no CPU per request, so no ratio: say so, judge nothing
+                        raise SystemExit(
+                            f"multiturn: round {rnd + 1} ({case}): the frontend answered no "
+                            "request with 200; no figures"
+                        )
                     # Every record published: a worker that fell behind pays its
                     # backlog inside the measure (a fixed wait once left it out).
                     await published(url, start, sent)
