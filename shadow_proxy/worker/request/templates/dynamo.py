@@ -44,8 +44,10 @@ import attrs
 from shadow_proxy.worker.request.fields import Reject
 from shadow_proxy.worker.request.templates import dynamo_messages as dm
 from shadow_proxy.worker.request.templates.minijinja_env import (
+    NATIVE_STRINGS,
     dynamo_environment,
     escapes,
+    native_messages,
     to_template_value,
 )
 
@@ -210,15 +212,20 @@ class DynamoTemplate:
             string_only=traits.reasoning_string_only,
         )
         generation = request.get("add_generation_prompt") is not False and not continue_final
+        native = native_messages(messages, name) if name in self.sources else None
         context: dict[str, Any] = {
-            "messages": to_template_value(messages, self.short),
+            "messages": None if native else to_template_value(messages, self.short),
             "tools": to_template_value(tools, self.short),
             **self.special_tokens,
             "add_generation_prompt": generation,
         }
         for key, value in template_kwargs(request).items():
             context.setdefault(key, to_template_value(value, self.short))
-        text = self.env.render_template(name, **context)
+        if native is None:
+            text = self.env.render_template(name, **context)
+        else:
+            source, context[NATIVE_STRINGS] = native
+            text = self.env.render_str(source, **context)
         return dm.cut_at_tag(text) if continue_final else text
 
 

@@ -22,6 +22,11 @@ does ``dynamo_environment``:
   ``{% generation %}`` blocks become ``{% with %}`` and ``.items()`` calls in
   code become the ``items`` filter, outside strings, comments and raw blocks.
 
+Per request, messages made of strings only (plain chat, the usual case) reach
+the template as MiniJinja's own maps in a list (``native_messages``), built by
+a one-line wrapper that includes the template: the binding otherwise converts a
+Python value at every read. Any other message keeps ``to_template_value``.
+
 Known edge differences of the binding (values, not structure): a float printed
 outside a container that needs an exponent (``1e300``) prints as a long
 decimal; an integral float that crosses into a Python filter as a scalar
@@ -126,6 +131,50 @@ def to_template_value(value: Any, short: bool = False) -> Any:
             out = float(item) if _huge_int(item) else item
         parent[key] = out
     return root[0]
+
+
+#: The name ``native_messages``'s strings reach the template under.
+NATIVE_STRINGS = "__shadow_proxy_strings"
+#: What the wrapper calls that list once it has read it (one read of the name).
+_STRINGS_READ = "__shadow_proxy_s"
+#: Keys and values written into the literal as they are (no escaping needed).
+_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
+
+
+def native_messages(messages: list[Any], name: str) -> tuple[str, list[str]] | None:
+    """A template source that renders template ``name`` with ``messages`` as
+    MiniJinja's own maps and lists, and the strings it reads (``NATIVE_STRINGS``);
+    None unless every message is a map of strings, keyed by plain names.
+
+    Why: the binding converts a Python value each time a template reads it (a
+    message at each loop, a role at each test), at two or three Python
+    exceptions a read; a native value costs nothing to read. Each string is
+    read once, from the list, when the literal is built; a short plain name (a
+    role) is written into the source. The template sees what it saw before: the
+    same keys in the same order, the same strings; a map or a list of strings
+    prints and filters alike (``DynDict`` prints as MiniJinja prints such a
+    map), and Dynamo hands its templates native values itself."""
+    strings: list[str] = []
+    entries = []
+    for message in messages:
+        if type(message) is not dict:
+            return None
+        fields = []
+        for key, value in message.items():
+            if type(value) is not str or type(key) is not str or not _BARE.fullmatch(key):
+                return None
+            if _BARE.fullmatch(value):
+                fields.append(f'"{key}": "{value}"')
+            else:
+                fields.append(f'"{key}": {_STRINGS_READ}[{len(strings)}]')
+                strings.append(value)
+        entries.append("{" + ", ".join(fields) + "}")
+    source = (
+        f"{{% set {_STRINGS_READ} = {NATIVE_STRINGS} %}}"
+        f"{{% set messages = [{', '.join(entries)}] %}}"
+        f'{{% include "{name}" %}}'
+    )
+    return source, strings
 
 
 def _huge_int(value: Any) -> bool:

@@ -12,8 +12,10 @@ import pytest
 
 from shadow_proxy.devtools import modeldirs
 from shadow_proxy.worker.request.fields import Reject
-from shadow_proxy.worker.request.templates import load_chat_template
+from shadow_proxy.worker.request.templates import dynamo, load_chat_template
+from shadow_proxy.worker.request.templates import dynamo_messages as dm
 from shadow_proxy.worker.request.templates.dynamo import DynamoTemplate, template_kwargs
+from shadow_proxy.worker.request.templates.minijinja_env import native_messages
 from shadow_proxy.worker.request.tokenizer import load_model
 
 REPO = Path(__file__).resolve().parents[5]
@@ -360,3 +362,74 @@ class TestSelection:
         tok = AutoTokenizer.from_pretrained(str(path))
         template = load_chat_template(path, tok, "deepseek", "minijinja")
         assert template.special_tokens["bos_token"] == "<｜begin▁of▁sentence｜>"
+
+
+#: Templates that read messages every way a chat template does: print them,
+#: index, slice, filter and compare them, call their Python-style methods.
+READING = {
+    "print": "{{ messages }}|{{ messages[0] }}|{{ messages | string }}|{{ messages | length }}",
+    "json": "{{ messages | tojson }}|{{ messages[-1] | tojson(indent=2) }}",
+    "methods": (
+        "{% for m in messages %}{{ m.keys() }}{{ m.values() | list }}{{ m.items() | list }}"
+        "{{ m.get('name', 'none') }}{{ m.get('content') | upper }}"
+        "{{ 'name' in m }}{{ m is mapping }}{{ m.content.strip() }}|{% endfor %}"
+    ),
+    "filters": (
+        "{{ messages | map(attribute='role') | join(',') }}"
+        "|{{ messages | selectattr('role', 'equalto', 'user') | list | length }}"
+        "|{{ (messages | reverse | first).content }}|{{ messages[1:] | length }}"
+        "|{{ messages | dictsort if false else messages | sort(attribute='role') | first }}"
+        "|{{ messages[0] == messages[0] }}{{ messages[0] != messages[-1] }}"
+    ),
+    "state": (
+        "{% set ns = namespace(last='') %}{% for m in messages %}"
+        "{% if loop.previtem is defined %}{{ loop.previtem.role }}>{% endif %}"
+        "{{ loop.index }}{{ m['role'] }}:{{ m.content | trim }}{% set ns.last = m.role %}"
+        "{% if m.tool_calls %}T{% endif %}{{ m.missing is defined }}"
+        "{% endfor %}{{ ns.last }}{% macro say(m) %}[{{ m.role }}]{% endmacro %}"
+        "{{ say(messages[0]) }}{{ messages[0].content | length }}"
+    ),
+}
+CONVERSATIONS = {
+    "plain": [user("hello"), {"role": "assistant", "content": "hi there"}, user("bye")],
+    "named": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "who", "name": "ann_1"},
+    ],
+    "escapes": [
+        user('q "x" \\ \n\t\u0001 \u2028 é 中 😀 {{ no }} {% raw %} \'s'),
+        {"role": "assistant", "content": ""},
+        user("user"),
+    ],
+}
+
+
+class TestNativeMessages:
+    """Messages of strings reach the template as MiniJinja's own values
+    (``minijinja_env.native_messages``), which must read exactly as the Python
+    values they stand for."""
+
+    @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
+    @pytest.mark.parametrize("reading", sorted(READING))
+    def test_reads_as_the_python_values(
+        self, monkeypatch: pytest.MonkeyPatch, reading: str, conversation: str
+    ) -> None:
+        template = probe(READING[reading], bos_token="<s>")
+        request = {"messages": CONVERSATIONS[conversation]}
+        messages = [dm.struct_message(m) for m in request["messages"]]
+        assert native_messages(messages, "default") is not None  # the native path is taken
+        native = template.render(request)
+        monkeypatch.setattr(dynamo, "native_messages", lambda *_: None)
+        assert native == template.render(request)
+
+    def test_other_values_stay_python(self) -> None:
+        """A message holding anything but strings (tool calls, content parts),
+        or a key the literal cannot name plainly, keeps the binding's path."""
+        calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+        for message in (
+            {"role": "assistant", "content": "a", "tool_calls": calls},
+            {"role": "user", "content": [{"type": "text", "text": "a"}]},
+            {"role": "user", "content": "a", "x-y": "b"},
+        ):
+            assert native_messages([message], "default") is None
+        assert native_messages([user("a")], "default") is not None
