@@ -17,7 +17,6 @@ from shadow_proxy.worker.request.templates.minijinja_env import (
     escapes,
     nested_repr,
     python_string,
-    rewrite_source,
     to_template_value,
     trim,
 )
@@ -147,22 +146,3 @@ class TestValues:
             deep = {"k": [deep]}
         value = to_template_value(deep)
         assert nested_repr(value).startswith('{"k": [{"k": [')
-
-
-class TestRewrite:
-    """Dynamo's pre-compile rewrite of a template's source."""
-
-    def test_source_rewrite_skips_strings_comments_and_raw(self) -> None:
-        source = (
-            "{{ a.items() }}{% for k in b.items() -%}{%- generation %}"
-            "{{ 'c.items()' }}{# d.items() #}{% raw %}{{ e.items() }}{% endraw %}"
-        )
-        assert rewrite_source(source) == (
-            "{{ a|items }}{% for k in b|items -%}{%- with %}"
-            "{{ 'c.items()' }}{# d.items() #}{% raw %}{{ e.items() }}{% endraw %}"
-        )
-
-    def test_endgeneration_and_unclosed_tags(self) -> None:
-        assert rewrite_source("{% endgeneration %}") == "{% endwith %}"
-        assert rewrite_source("{{ a.items()") == "{{ a.items()"
-        assert rewrite_source("{{ '}}'.items() }}") == "{{ '}}'|items }}"
