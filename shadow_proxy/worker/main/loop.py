@@ -115,16 +115,16 @@ class Main:
         got = 0
         while got < READ_PER_TURN and not self.last_seen:
             try:
-                data = handoff.recv(1 << 20)
+                read, received = self.decoder.receive(handoff)
             except BlockingIOError:
                 return
             except OSError:
-                data = b""
-            if not data:
+                read, received = 0, []
+            if not read:
                 self.parent_gone = True
                 return
-            got += len(data)
-            for message in self.decoder.feed(data):
+            got += read
+            for message in received:
                 self.route(message)
 
     def poll(self, timeout_ms: float) -> None:

@@ -69,8 +69,6 @@ RETIRE_DRAIN_S = 120.0
 RECYCLE_EVERY_S = 60.0
 #: Wait before starting again a shard that failed to start.
 RESTART_DELAY_S = 1.0
-#: Bytes read from one socket per loop turn.
-READ_BYTES = 1 << 20
 
 
 class Pool:
@@ -200,28 +198,27 @@ class Pool:
         if shard is None or shard.sock is None:
             return
         try:
-            data = shard.sock.recv(READ_BYTES)
+            read, received = shard.decoder.receive(shard.sock)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        if not data:
+            read, received = 0, []
+        if not read:
             self._gone(shard)
             return
-        for message in shard.decoder.feed(data):
+        for message in received:
             self._on_message(shard, messages.decode(split_frames(message)))
 
     def _read_unbound(self, fd: int) -> None:
         conn, decoder = self.unbound[fd]
         try:
-            data = conn.recv(READ_BYTES)
+            read, received = decoder.receive(conn)
         except BlockingIOError:
             return
-        if not data:
+        if not read:
             del self.unbound[fd]
             conn.close()
             return
-        received = decoder.feed(data)
         if not received:
             return
         del self.unbound[fd]
