@@ -1,17 +1,17 @@
-"""Two parts of the tap worker's cost, each against the way it was done before, in
-one process (issue 34, fourth round): ratios of alternated runs, not timed tests.
+"""Parts of the tap worker's cost, each against the way it was done before, in one
+process (issue 34, fourth round): ratios of alternated runs, not timed tests.
 
 - ``render``: the chat template's render of every turn of the multiturn regime's
   conversations (``worker_multiturn.conversations``, answers of random tokens as
   the mocker's), with the messages as MiniJinja's own values
   (``minijinja_env.native_messages``) and as Python values the binding converts
-  at every read;
-- ``read``: one read of a socket pair by ``StreamDecoder.receive`` (into a
-  buffer kept from read to read) and by ``recv`` of the same size with ``feed``
-  (a new buffer each read), for reads of a few sizes::
+  at every read::
 
     .venv/bin/python -m bench.worker_parts
     .venv/bin/python -m bench.worker_parts --part render --conversations 8
+
+(At 22fdf19 a ``read`` part compared reads into a kept buffer with ``recv``; the
+change it measured was not kept: docs/benchmarks.md, fourth round.)
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -29,7 +28,6 @@ import msgspec
 
 from bench.services import MODEL_DIR, MODEL_NAME
 from bench.worker_multiturn import conversations
-from shadow_proxy.channel.stream import READ_BYTES, StreamDecoder, stream_message
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.reference_taps import proxy_config, reference_taps
 from shadow_proxy.worker.request.templates import dynamo
@@ -88,43 +86,14 @@ def render_part(n: int, repeats: int) -> None:
     report(f"render ({len(bodies)} turns of {n} conversations)", "a render", runs)
 
 
-def read_part(repeats: int) -> None:
-    for size in (8 << 10, 64 << 10, 512 << 10):
-        message = stream_message([b"x" * (size - 8)])
-        left, right = socket.socketpair()
-        for sock in (left, right):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * size)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2 * size)
-
-        def run(kept: bool, left: socket.socket = left, right: socket.socket = right) -> float:
-            decoder = StreamDecoder()
-            rounds = 300
-            started = time.thread_time()
-            for _ in range(rounds):
-                left.sendall(message)
-                got: list[bytes] = []
-                while not got:
-                    if kept:
-                        got = decoder.receive(right)[1]
-                    else:
-                        got = decoder.feed(right.recv(READ_BYTES))
-            return (time.thread_time() - started) / rounds
-
-        with left, right:
-            runs = alternate({"receive": lambda: run(True), "recv": lambda: run(False)}, repeats)
-        report(f"read ({size >> 10} KiB messages, the send included)", "a message", runs)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("render", "read", "all"), default="all")
+    parser.add_argument("--part", choices=("render",), default="render")
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
-    if args.part in ("render", "all"):
+    if args.part == "render":
         render_part(args.conversations, args.repeats)
-    if args.part in ("read", "all"):
-        read_part(args.repeats)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ whole messages (length prefix included, so a message can be forwarded as it is);
 
 from __future__ import annotations
 
-import socket
 import struct
 
 U32 = struct.Struct(">I")
@@ -22,8 +21,6 @@ U32 = struct.Struct(">I")
 FIRST_FRAME = 2 * U32.size
 #: Largest message a stream carries (the u32 length prefix).
 MAX_STREAM_MESSAGE = 2**32 - 1
-#: The most one ``StreamDecoder.receive`` reads (its buffer's size).
-READ_BYTES = 1 << 20
 
 
 def stream_buffers(frames: list[bytes]) -> tuple[list[bytes], int]:
@@ -82,43 +79,25 @@ def frame_at(message: bytes, index: int) -> bytes | None:
 
 
 class StreamDecoder:
-    """Cuts a byte stream into messages. ``receive`` reads a socket (``feed`` takes
-    bytes read elsewhere) and returns the messages completed, each as bytes with
-    its length prefix (so it can be forwarded as it is, or split with
-    ``split_frames``). Holds at most one incomplete message, and, once it has
-    read, its read buffer (``READ_BYTES``)."""
+    """Cuts a byte stream into messages. ``feed`` takes what a ``recv`` returned and
+    returns the messages it completed, each as bytes with its length prefix (so it
+    can be forwarded as it is, or split with ``split_frames``). Holds at most one
+    incomplete message."""
 
-    __slots__ = ("_buffer", "_read")
+    __slots__ = ("_buffer",)
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._read: memoryview | None = None
 
     @property
     def pending_bytes(self) -> int:
         return len(self._buffer)
 
-    def receive(self, sock: socket.socket) -> tuple[int, list[bytes]]:
-        """One ``recv`` from ``sock`` (at most ``READ_BYTES``) and the messages it
-        completed; (0, []) when the peer has closed the stream. ``recv``'s errors
-        (``BlockingIOError``, ``OSError``) as it raises them.
-
-        Read into this decoder's own buffer, kept from read to read: a ``recv``
-        of that size allocates a new megabyte each time (and the kernel maps its
-        pages), which cost the worker's main more than the copy of what it
-        read. The messages are copies, never views of the buffer."""
-        read = self._read
-        if read is None:
-            read = self._read = memoryview(bytearray(READ_BYTES))
-        n = sock.recv_into(read)
-        return n, self.feed(read[:n]) if n else []
-
-    def feed(self, data: bytes | memoryview) -> list[bytes]:
+    def feed(self, data: bytes) -> list[bytes]:
         buffer = self._buffer
-        if not buffer:
-            # Nothing held: the messages are cut from ``data`` itself (from bytes,
-            # one that is all of it is ``data``, not a copy); only an incomplete
-            # end is kept.
+        if not buffer and type(data) is bytes:
+            # Nothing held: the messages are cut from ``data`` itself (one that is
+            # all of it is ``data``, not a copy); only an incomplete end is kept.
             messages, pos = _messages(data)
             if pos < len(data):
                 self._buffer = bytearray(data[pos:])

@@ -115,16 +115,16 @@ class Main:
         got = 0
         while got < READ_PER_TURN and not self.last_seen:
             try:
-                read, received = self.decoder.receive(handoff)
+                data = handoff.recv(1 << 20)
             except BlockingIOError:
                 return
             except OSError:
-                read, received = 0, []
-            if not read:
+                data = b""
+            if not data:
                 self.parent_gone = True
                 return
-            got += read
-            for message in received:
+            got += len(data)
+            for message in self.decoder.feed(data):
                 self.route(message)
 
     def poll(self, timeout_ms: float) -> None:

@@ -69,6 +69,8 @@ RETIRE_DRAIN_S = 120.0
 RECYCLE_EVERY_S = 60.0
 #: Wait before starting again a shard that failed to start.
 RESTART_DELAY_S = 1.0
+#: Bytes read from one socket per loop turn.
+READ_BYTES = 1 << 20
 
 
 class Pool:
@@ -198,27 +200,28 @@ class Pool:
         if shard is None or shard.sock is None:
             return
         try:
-            read, received = shard.decoder.receive(shard.sock)
+            data = shard.sock.recv(READ_BYTES)
         except BlockingIOError:
             return
         except OSError:
-            read, received = 0, []
-        if not read:
+            data = b""
+        if not data:
             self._gone(shard)
             return
-        for message in received:
+        for message in shard.decoder.feed(data):
             self._on_message(shard, messages.decode(split_frames(message)))
 
     def _read_unbound(self, fd: int) -> None:
         conn, decoder = self.unbound[fd]
         try:
-            read, received = decoder.receive(conn)
+            data = conn.recv(READ_BYTES)
         except BlockingIOError:
             return
-        if not read:
+        if not data:
             del self.unbound[fd]
             conn.close()
             return
+        received = decoder.feed(data)
         if not received:
             return
         del self.unbound[fd]

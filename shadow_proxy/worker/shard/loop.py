@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_S = 1.0
 #: While over ``worker.max_rss_mb``, how often a shard asks again to be replaced.
 RETIRE_ASK_S = 10.0
+READ_BYTES = 1 << 20
 #: A shard is the process the OOM killer should pick (raising it needs no privilege).
 OOM_SCORE_ADJ = 500
 
@@ -322,10 +323,10 @@ class ShardLoop:
                 self.outbox.flush()
             if not poller.poll(max(0, (next_snapshot - now) * 1000)):
                 continue
-            read, received = decoder.receive(self.outbox.sock)
-            if not read:
+            data = self.outbox.sock.recv(READ_BYTES)
+            if not data:
                 break
-            for message in received:
+            for message in decoder.feed(data):
                 if not self.on_message(message):
                     running = False
                     break

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import random
-import socket
-import threading
 from typing import ClassVar
 
 from shadow_proxy.channel.stream import (
-    READ_BYTES,
     StreamDecoder,
     consume,
     frame_at,
@@ -71,53 +68,6 @@ class TestStreamFraming:
         """A decoded message is the encoded bytes, length included: forwarding is a copy."""
         data = encoded(self.MESSAGES[1])
         assert StreamDecoder().feed(data + data[:5]) == [data]
-
-
-class TestReceive:
-    """``receive`` reads a real socket into the decoder's own buffer."""
-
-    def test_messages_outlive_the_reads_that_follow(self):
-        """Each message and the start held of the next are copies: the next read
-        into the same buffer changes neither."""
-        messages = [encoded(m) for m in TestStreamFraming.MESSAGES]
-        stream = b"".join(messages)
-        left, right = socket.socketpair()
-        with left, right:
-            decoder = StreamDecoder()
-            got: list[bytes] = []
-            for start in range(0, len(stream), 5_000):  # every read holds a cut message
-                left.sendall(stream[start : start + 5_000])
-                read, received = decoder.receive(right)
-                assert read == len(stream[start : start + 5_000])
-                assert all(type(m) is bytes for m in received)
-                got += received
-            assert got == messages and decoder.pending_bytes == 0
-
-    def test_a_message_larger_than_a_read(self):
-        message = encoded([b"big", b"x" * (READ_BYTES + 123)])
-        left, right = socket.socketpair()
-        with left, right:
-            decoder = StreamDecoder()
-            sender = threading.Thread(target=left.sendall, args=(message,))
-            sender.start()
-            got: list[bytes] = []
-            reads = 0
-            while not got:
-                read, got = decoder.receive(right)
-                assert 0 < read <= READ_BYTES
-                reads += 1
-            sender.join()
-            assert got == [message] and reads >= 2
-
-    def test_closed_by_the_peer(self):
-        left, right = socket.socketpair()
-        with right:
-            cut = encoded([b"last"])[:-1]
-            left.sendall(cut)
-            left.close()
-            decoder = StreamDecoder()
-            assert decoder.receive(right) == (len(cut), [])
-            assert decoder.receive(right) == (0, [])
 
 
 class TestFrameAt:
