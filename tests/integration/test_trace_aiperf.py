@@ -225,13 +225,18 @@ class TestAIPerfReplaysTheTrace:
         tokenizer = Tokenizer.from_file(str(model_dirs["deepseek"] / "tokenizer.json"))
         # requests arrive in schedule order (150 ms apart)
         sent = [tokenizer.encode(body["prompt"], add_special_tokens=False).ids for body in received]
-        assert [len(s) for s in sent] == [r["input_length"] for r in rows]
+        # AIPerf writes each prompt's text from tokens, block by block; encoded
+        # again, two tokens may merge where blocks meet (a CI run saw 2 of 10
+        # prompts one token short): within a token, as docs/trace.md says.
+        lengths, wanted = [len(s) for s in sent], [r["input_length"] for r in rows]
+        assert len(lengths) == len(wanted)
+        assert all(w - 1 <= n <= w for n, w in zip(lengths, wanted, strict=True)), (lengths, wanted)
         assert [body.get("max_tokens") for body in received] == [r["output_length"] for r in rows]
         for i, a in enumerate(rows):
             for j, b in enumerate(rows[:i]):
                 shared = shared_ids(a["hash_ids"], b["hash_ids"])
                 same = common_prefix(sent[i], sent[j])
                 expected = min(shared * BLOCK, a["input_length"], b["input_length"])
-                assert same >= expected, (i, j, shared, same)
+                assert same >= expected - 1, (i, j, shared, same)
                 if shared < min(len(a["hash_ids"]), len(b["hash_ids"])):
                     assert same < (shared + 1) * BLOCK, (i, j, shared, same)
