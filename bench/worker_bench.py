@@ -13,7 +13,10 @@
   own answer text (8 tokens asked for), or with ``--answers frontend`` asks for
   that many tokens and resends what the frontend streamed, as agents do (the
   worker then finds each answer's ids from its record). Targets: <= 0.3x the
-  full re-encode, <= 0.5x the frontend; the prompt-token mismatch metric stays 0.
+  full re-encode, <= 0.6x the frontend (issue 34); the prompt-token mismatch
+  metric stays 0. A ratio is judged on its rounds (``verdict``: a one-sided sign
+  test at 5%, so 5 of 5 rounds, 7 of 8, ...): rounds on both sides of the bound
+  are ``not judged``, whatever their median says.
 - ``overload``: long prompts at a rate the worker, pinned with the proxy to
   one core, cannot follow: record lag p99 stays under ``worker.max_lag_s``
   (requests past it are dropped as ``late`` and counted), and the clients'
@@ -35,6 +38,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +47,7 @@ from bench.worker_multiturn import multiturn
 from bench.worker_overload import overload
 from bench.worker_scaling import scaling
 
-__all__ = ["PLOT", "markdown", "run"]
+__all__ = ["PLOT", "markdown", "run", "verdict"]
 
 
 async def run(regime: str, kind: str, args, scratch: Path) -> dict[str, Any]:
@@ -105,11 +109,48 @@ def markdown(result: dict[str, Any], command: str) -> str:
             out.append("")
         out.append("| target | measured | met |")
         out.append("|---|---:|---|")
-        for label, value, bound, at_least in part["targets"]:
-            met = value is not None and (value >= bound if at_least else value <= bound)
-            out.append(f"| {label} | {_cell(value)} | {'yes' if met else '**no**'} |")
+        for label, value, bound, at_least, *rounds in part["targets"]:
+            met = verdict(value, bound, at_least, rounds[0] if rounds else None)
+            out.append(f"| {label} | {_cell(value)} | {met} |")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def verdict(
+    value: float | None, bound: float, at_least: bool, rounds: list[float] | None = None
+) -> str:
+    """``yes`` or ``**no**`` for a target; with the rounds' own values, a one-sided
+    sign test on them at 5% (are the rounds on one side of the bound more often
+    than chance?) or, when they cannot say, ``not judged`` and why. A median of
+    rounds that straddle the bound is a coin flip, not a verdict."""
+    if value is None:
+        return "**no** (not measured)"
+    if rounds is None:
+        return "yes" if (value >= bound if at_least else value <= bound) else "**no**"
+    n = len(rounds)
+    if not n:
+        return "not judged: no rounds"
+    meet = sum(1 for r in rounds if (r >= bound if at_least else r <= bound))
+    if _sign_test(meet, n) <= SIGN_TEST_P:
+        return f"yes ({meet} of {n} rounds)"
+    if _sign_test(n - meet, n) <= SIGN_TEST_P:
+        return f"**no** ({n - meet} of {n} rounds miss)"
+    spread = f"not judged: {meet} of {n} rounds meet it ({min(rounds):.3g}-{max(rounds):.3g})"
+    need = next((k for k in range(n + 1) if _sign_test(k, n) <= SIGN_TEST_P), None)
+    if need is None:
+        least = next(k for k in range(n + 1, 64) if _sign_test(k, k) <= SIGN_TEST_P)
+        return f"{spread}; {n} rounds cannot decide at 5%: --rounds {least} or more"
+    return f"{spread}; a verdict at 5% needs {need} of {n} on one side"
+
+
+#: The sign test's level: the chance that rounds whose true median sits on the
+#: bound fall on one side this often.
+SIGN_TEST_P = 0.05
+
+
+def _sign_test(k: int, n: int) -> float:
+    """P(at least ``k`` of ``n`` fair coin flips come up heads)."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n if n else 1.0
 
 
 def _keys(cases: dict[str, dict[str, Any]]) -> list[str]:

@@ -194,12 +194,14 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
             statistics.median(per_round["incremental / full re-encode"]),
             0.3,
             False,
+            per_round["incremental / full re-encode"],
         ),
         (
             "incremental worker CPU / frontend CPU per request <= 0.6 (issue 34; median of rounds)",
             statistics.median(per_round["worker / frontend"]),
             0.6,
             False,
+            per_round["worker / frontend"],
         ),
         ("prompt-token mismatches == 0", inc["mismatches"] + full["mismatches"], 0, False),
     ]
