@@ -70,8 +70,13 @@ $(LLAMAS): $(STAMP) shadow_proxy/devtools/tiny_llama.py shadow_proxy/devtools/mo
 vllm: $(LLAMAS)
 	scripts/install-vllm.sh
 
+# Two pytest-xdist workers: about half of an integration test's time is waiting on
+# real servers, which the other worker's tests fill. A test file is one unit of work
+# (its module fixtures are made once), the vLLM tests one unit started first
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf) $(if $(SKIP_VLLM),,vllm)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The unit tests alone: no real servers, about a minute on two cores (two pytest-xdist
 # workers). `make test` runs them with the integration tests.

@@ -4,7 +4,10 @@ as soon as the session has collected a ``vllm`` test, stopped at its end. Only
 the servers the collected tests name are started, one after the other (each
 once the one before it serves: a start takes 1-3 minutes of both cores, and
 several at once slow each other down); a test's first servers are ready first,
-the later ones start while it runs.
+the later ones start while it runs. A server a test waits for and that has
+not started yet starts next. Under pytest-xdist (``make test``) one worker runs
+every ``vllm`` test, first (``tests/conftest.py``), and the fleet starts at its
+first ``ready``.
 
 A test names its servers on its marker: ``pytest.mark.vllm("llama",
 "llama-noisy")``; a bare ``vllm`` marker means ``DEFAULT_SERVERS``. A server a
@@ -93,11 +96,15 @@ class Fleet:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._dirs: dict[str, Path] = {}
+        #: The servers the session's tests name (``wanted``): the first ``ready``
+        #: queues them all when the fleet was not launched at collection.
+        self.wanted: list[str] = []
 
-    def launch(self, names: Sequence[str] = DEFAULT_SERVERS) -> None:
+    def launch(self, names: Sequence[str] = DEFAULT_SERVERS, *, first: str | None = None) -> None:
         """Queue ``names`` (returns at once): each starts once the one before it
-        serves (or failed; ``ready`` reports it). An install problem is kept and
-        reported by ``ready``."""
+        serves (or failed; ``ready`` reports it); ``first``, if queued, starts
+        next (a test waits for it). An install problem is kept and reported by
+        ``ready``."""
         try:
             vllm_python()
             from shadow_proxy.devtools.tiny_llama import build_fleet
@@ -108,6 +115,9 @@ class Fleet:
             return
         with self._lock:
             self._queue += [n for n in names if n not in self.servers and n not in self._queue]
+            if first in self._queue:
+                self._queue.remove(first)
+                self._queue.insert(0, first)
             if self._thread is None and self._queue:
                 self._thread = threading.Thread(target=self._start_in_turn, daemon=True)
                 self._thread.start()
@@ -134,8 +144,8 @@ class Fleet:
         """The server ``name``, once it serves (fails the test when vLLM is missing)."""
         if vllm_skipped():
             pytest.skip(f"{SKIP_VLLM_ENV}=1")
-        if self.error is None and name not in self.servers and name not in self._queue:
-            self.launch((name,))
+        if self.error is None and name not in self.servers:
+            self.launch((name, *self.wanted), first=name)
         if self.error:
             hint = "" if _in_ci() else f" (or set {SKIP_VLLM_ENV}=1 to skip the vLLM tests)"
             pytest.fail(f"{self.error}{hint}", pytrace=False)
