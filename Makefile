@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 MODELS := .models/chatml/generation_config.json .models/deepseek/generation_config.json
 
-.PHONY: demo test unit lint format bench models dynamo aiperf vllm lock image-test clean
+.PHONY: demo test unit lint format bench models dynamo aiperf vllm vllm-venv lock image-test clean
 
 # uv (from PyPI) installs the project and its dependencies: it downloads and
 # unpacks in parallel, minutes faster than pip on a machine with an empty cache.
@@ -67,15 +67,19 @@ LLAMAS := .models/llama/model.safetensors
 $(LLAMAS): $(STAMP) shadow_proxy/devtools/tiny_llama.py shadow_proxy/devtools/modeldirs.py
 	$(PY) -m shadow_proxy.devtools.tiny_llama .models
 
-vllm: $(LLAMAS)
+# The venv's install needs nothing of the project's: it starts at once under make -j.
+vllm: vllm-venv $(LLAMAS)
+
+vllm-venv:
 	scripts/install-vllm.sh
 
 # Two pytest-xdist workers: about half of an integration test's time is waiting on
 # real servers, which the other worker's tests fill. A test file is one unit of work
 # (its module fixtures are made once), the vLLM tests one unit started first
 # (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+# TEST_AFTER: more prerequisites (.ci/run: lint, which then runs beside the set-up).
 TEST_WORKERS ?= 2
-test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf) $(if $(SKIP_VLLM),,vllm)
+test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf) $(if $(SKIP_VLLM),,vllm) $(TEST_AFTER)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The unit tests alone: no real servers, about a minute on two cores (two pytest-xdist
