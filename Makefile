@@ -80,7 +80,7 @@ vllm-venv:
 # TEST_AFTER: more prerequisites (.ci/run: lint, which then runs beside the set-up).
 TEST_WORKERS ?= 2
 test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf) $(if $(SKIP_VLLM),,vllm) $(TEST_AFTER)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit tests alone: no real servers, about a minute on two cores (two pytest-xdist
 # workers). `make test` runs them with the integration tests.

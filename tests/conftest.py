@@ -17,7 +17,7 @@ import pytest
 from tests.support import MODELS_DIR
 from tests.support.nats import nats_cluster, nats_server  # noqa: F401 (fixtures)
 from tests.support.subscriber import TapSubscriber
-from tests.support.vllm import Fleet, vllm_skipped, wanted
+from tests.support.vllm import FLEET_SCOPE, Fleet, fleet_file, vllm_skipped, wanted
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -25,26 +25,48 @@ _FLEET = pytest.StashKey[Fleet]()
 
 
 def _xdist_worker(config: pytest.Config) -> bool:
-    """A pytest-xdist worker (``make test`` runs two: ``-n 2 --dist loadgroup``)."""
+    """A pytest-xdist worker (``make test`` runs two: ``-n 2 --dist loadfile``)."""
     return hasattr(config, "workerinput")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the vLLM fleet's test files as one unit: each
+    test file is one unit of work, so that its module fixtures (a whole demo
+    run, a Dynamo deployment) are made once, on one worker; every ``vllm`` test
+    runs on one worker, which holds the fleet. (xdist's ``loadgroup`` would say
+    this with markers, but its groups are lost under pytest 9: it renames
+    ``item._nodeid``, which pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesFleetTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return FLEET_SCOPE if fleet_file(path) else path
+
+    return FilesFleetTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist with ``--dist loadgroup``: each test file is one unit
-    of work, so that its module fixtures (a whole demo run, a Dynamo deployment)
-    are made once, on one worker; the ``vllm`` tests of every file are one unit,
-    scheduled first: one worker holds the fleet, whose starts (minutes of both
-    cores) then overlap the other worker's tests."""
-    if not (_xdist_worker(config) and config.getvalue("loadgroup")):
+    """On an xdist worker: the ``vllm`` tests come first (the scheduler hands out
+    files in the order collected), so that the fleet's starts (minutes of both
+    cores) overlap the other worker's tests."""
+    if not _xdist_worker(config):
         return
     fleet_tests = [item for item in items if item.get_closest_marker("vllm")]
-    rest = [item for item in items if not item.get_closest_marker("vllm")]
-    for item in fleet_tests:
-        item.add_marker(pytest.mark.xdist_group("vllm"))
-    for item in rest:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    items[:] = fleet_tests + rest
+    items[:] = fleet_tests + [item for item in items if not item.get_closest_marker("vllm")]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A ``vllm`` test outside the fleet's files (``fleet_file``) fails: under
+    xdist it could run on the other worker and start a second fleet."""
+    if item.get_closest_marker("vllm") and not fleet_file(item.nodeid):
+        pytest.fail(
+            f"{item.nodeid}: a vllm test belongs in tests/integration/*vllm*.py "
+            "(the files the xdist scheduler keeps on the fleet's worker)",
+            pytrace=False,
+        )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

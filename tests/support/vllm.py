@@ -6,8 +6,8 @@ once the one before it serves: a start takes 1-3 minutes of both cores, and
 several at once slow each other down); a test's first servers are ready first,
 the later ones start while it runs. A server a test waits for and that has
 not started yet starts next. Under pytest-xdist (``make test``) one worker runs
-every ``vllm`` test, first (``tests/conftest.py``), and the fleet starts at its
-first ``ready``.
+every ``vllm`` test (the files ``fleet_file`` names), first
+(``tests/conftest.py``), and the fleet starts at its first ``ready``.
 
 A test names its servers on its marker: ``pytest.mark.vllm("llama",
 "llama-noisy")``; a bare ``vllm`` marker means ``DEFAULT_SERVERS``. A server a
@@ -63,6 +63,17 @@ FLEET: dict[str, dict[str, Any]] = {
 }
 #: What a bare ``vllm`` marker needs.
 DEFAULT_SERVERS = ("llama", "llama-tools", "llama-other")
+
+
+#: The xdist unit of work that holds every ``vllm`` test (``tests/conftest.py``).
+FLEET_SCOPE = "vllm-fleet"
+
+
+def fleet_file(nodeid: str) -> bool:
+    """The test file of ``nodeid`` is one of the fleet's: an integration test
+    file with ``vllm`` in its name (the xdist scheduler sees only node ids)."""
+    path = nodeid.split("::", 1)[0]
+    return path.startswith("tests/integration/") and "vllm" in path.rpartition("/")[2]
 
 
 def _in_ci() -> bool:
