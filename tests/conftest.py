@@ -40,6 +40,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # Files in the order collected (the fleet's first), not by how many tests
+    # each holds (xdist's default): the fleet's few tests would wait behind the
+    # unit test files, and its start would overlap nothing.
+    config.option.loadscopereorder = False
+
     class FilesFleetTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
