@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,22 @@ def wanted(markers: list[tuple[str, ...]]) -> list[str]:
     return names
 
 
+def queued(
+    queue: Sequence[str], started: Collection[str], names: Sequence[str], first: str | None
+) -> list[str]:
+    """``queue`` with ``names`` added, each once and none already ``started``
+    (a second start of a name would leak the first server), and ``first``, if
+    queued, in front."""
+    out = list(queue)
+    for name in names:
+        if name not in started and name not in out:
+            out.append(name)
+    if first in out:
+        out.remove(first)
+        out.insert(0, first)
+    return out
+
+
 class Fleet:
     """The session's vLLM servers, started one after the other in a thread,
     each awaited on first use."""
@@ -125,10 +141,7 @@ class Fleet:
             self.error = str(e)
             return
         with self._lock:
-            self._queue += [n for n in names if n not in self.servers and n not in self._queue]
-            if first in self._queue:
-                self._queue.remove(first)
-                self._queue.insert(0, first)
+            self._queue = queued(self._queue, self.servers, names, first)
             if self._thread is None and self._queue:
                 self._thread = threading.Thread(target=self._start_in_turn, daemon=True)
                 self._thread.start()
