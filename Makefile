@@ -76,11 +76,14 @@ vllm-venv:
 # Two pytest-xdist workers: about half of an integration test's time is waiting on
 # real servers, which the other worker's tests fill. A test file is one unit of work
 # (its module fixtures are made once), the vLLM tests one unit started first
-# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+# (tests/conftest.py). The tests marked `solo` (latencies or a pace held to a bound:
+# the other worker's load would be theirs) run after, alone. Exit 5 is pytest's
+# "no test selected" (PYTEST_ARGS naming only one kind). TEST_WORKERS=0: one process.
 # TEST_AFTER: more prerequisites (.ci/run: lint, which then runs beside the set-up).
 TEST_WORKERS ?= 2
 test: $(MODELS) $(if $(SKIP_DYNAMO),,dynamo) $(if $(SKIP_AIPERF),,aiperf) $(if $(SKIP_VLLM),,vllm) $(TEST_AFTER)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) -m "not solo" || [ $$? -eq 5 ]
+	$(PY) -m pytest $(PYTEST_ARGS) -m solo || [ $$? -eq 5 ]
 
 # The unit tests alone: no real servers, about a minute on two cores (two pytest-xdist
 # workers). `make test` runs them with the integration tests.

@@ -43,7 +43,7 @@ from tests.support.nats import stream_info
 from tests.support.servers import run_proxy, serve
 from tests.support.subscriber import TapSubscriber
 
-pytestmark = [pytest.mark.nats, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.nats, pytest.mark.solo, pytest.mark.timeout(120)]
 
 #: Worker start-up (spawn, import, load the tokenizer) on a busy machine.
 SETTLE_S = 30.0

@@ -34,7 +34,7 @@ from tests.integration.harness import (
 )
 from tests.support.servers import serve
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.solo]
 
 
 def endless_stream() -> web.Application:

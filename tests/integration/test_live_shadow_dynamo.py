@@ -47,7 +47,7 @@ from shadow_proxy.records import wire
 from tests.integration.replay_capture import capture, load_records
 from tests.support.dynamo import require_dynamo
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(600)]
 
 MODEL = REPO / ".models" / "deepseek"
 TOPIC = "joined"

@@ -26,7 +26,7 @@ from shadow_proxy.records import files
 from shadow_proxy.replay.runner import Replay, ReplayOptions
 from tests.integration.replay_capture import capture, file_records, load_records
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.solo]
 
 REQUESTS = 40
 MAX_TOKENS = 24

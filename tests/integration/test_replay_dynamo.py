@@ -50,7 +50,7 @@ from shadow_proxy.replay.runner import Replay, ReplayOptions
 from tests.integration.replay_capture import capture, file_records, load_records
 from tests.support.dynamo import require_dynamo
 
-pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.dynamo, pytest.mark.slow, pytest.mark.solo, pytest.mark.timeout(400)]
 
 MODEL = REPO / ".models" / "deepseek"
 REQUESTS = 200
