@@ -42,6 +42,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -308,6 +309,23 @@ async def start_vllm(
     except BaseException:
         await vllm.aclose(5)
         raise
+
+
+def queued(
+    queue: Sequence[str], started: Collection[str], names: Sequence[str], first: str | None
+) -> list[str]:
+    """A fleet's start queue (servers started one after the other, as the tests'
+    fleet does): ``queue`` with ``names`` added, each once and none already
+    ``started`` (a second start of a name would leak the first server), and
+    ``first``, if queued, in front (a caller waits for it)."""
+    out = list(queue)
+    for name in names:
+        if name not in started and name not in out:
+            out.append(name)
+    if first in out:
+        out.remove(first)
+        out.insert(0, first)
+    return out
 
 
 async def _main(model_dir: Path) -> None:

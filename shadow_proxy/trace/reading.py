@@ -4,7 +4,6 @@ acknowledgements to give once the output is written, and a progress line."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import sys
 import threading
@@ -102,11 +101,11 @@ async def collect(
     # handlers are the main thread's; run elsewhere, as a library, there are none).
     main = threading.current_thread() is threading.main_thread()
     signals = (signal.SIGINT, signal.SIGTERM) if main else ()
+    stopped = asyncio.Event()
     for sig in signals:
-        loop.add_signal_handler(sig, reading.cancel)
+        loop.add_signal_handler(sig, stopped.set)
     try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await reading
+        await until_read_or_stopped(reading, stopped)
         if reading.cancelled():
             _note("stopped by a signal: using what was read")
     finally:
@@ -114,3 +113,28 @@ async def collect(
             loop.remove_signal_handler(sig)
         progress.done()
     return requests, acks
+
+
+#: How often a reading told to stop is cancelled again until it ends.
+RECANCEL_S = 0.5
+
+
+async def until_read_or_stopped(reading: asyncio.Task[None], stopped: asyncio.Event) -> None:
+    """Wait for ``reading`` to end (its error raised here); once ``stopped`` is
+    set, cancel it until it ends. One cancel is not enough: Python 3.11's
+    ``asyncio.wait_for`` (nats-py's fetch) drops a cancellation that arrives as
+    the call it waits for completes, and a live source then reads on for ever
+    (a test under load waited 60 s for a SIGTERM to end the read)."""
+    stop = asyncio.create_task(stopped.wait())
+    try:
+        await asyncio.wait({reading, stop}, return_when=asyncio.FIRST_COMPLETED)
+        while not reading.done():
+            reading.cancel()
+            await asyncio.wait({reading}, timeout=RECANCEL_S)
+    except asyncio.CancelledError:  # the caller's own cancellation: the reading ends too
+        reading.cancel()
+        raise
+    finally:
+        stop.cancel()
+    if not reading.cancelled():
+        reading.result()

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from shadow_proxy.devtools.vllm import (
     VllmStartError,
     VllmUnavailable,
     launch_vllm,
+    queued,
     vllm_python,
 )
 from tests.support import MODELS_DIR
@@ -92,22 +93,6 @@ def wanted(markers: list[tuple[str, ...]]) -> list[str]:
             if name not in names:
                 names.append(name)
     return names
-
-
-def queued(
-    queue: Sequence[str], started: Collection[str], names: Sequence[str], first: str | None
-) -> list[str]:
-    """``queue`` with ``names`` added, each once and none already ``started``
-    (a second start of a name would leak the first server), and ``first``, if
-    queued, in front."""
-    out = list(queue)
-    for name in names:
-        if name not in started and name not in out:
-            out.append(name)
-    if first in out:
-        out.remove(first)
-        out.insert(0, first)
-    return out
 
 
 class Fleet:

@@ -81,3 +81,29 @@ class TestReadings:
             "vllm:prefix_cache_hits_created 1.0\n"
         )
         assert vllm._sample(text, "vllm:prefix_cache_hits_total") == 7.0
+
+
+class TestQueued:
+    """The fleet's start queue: each server once, the one a caller waits for first."""
+
+    def test_each_name_once(self) -> None:
+        # ready("llama-other") queues it with the session's wanted list, which names it too.
+        names = ["llama-other", "llama", "llama-tools", "llama-other"]
+        assert vllm.queued([], {}, names, "llama-other") == ["llama-other", "llama", "llama-tools"]
+
+    def test_started_and_queued_names_are_not_queued_again(self) -> None:
+        got = vllm.queued(
+            ["llama-tools"], {"llama": 1}, ["llama", "llama-tools", "llama-other"], None
+        )
+        assert got == ["llama-tools", "llama-other"]
+
+    def test_the_awaited_name_starts_next(self) -> None:
+        got = vllm.queued(
+            ["llama", "llama-tools", "llama-other"], {}, ["llama-other"], "llama-other"
+        )
+        assert got == ["llama-other", "llama", "llama-tools"]
+
+    def test_a_started_name_stays_out(self) -> None:
+        assert vllm.queued(["llama-tools"], {"llama-other": 1}, ["llama-other"], "llama-other") == [
+            "llama-tools"
+        ]
