@@ -473,6 +473,9 @@ class TestOutcomes:
 # --------------------------------------------------------------------------- issue 6
 
 
+# The demo's checks count a client's cancels against the records exactly: which of
+# a cancel and an answer's end comes first is the host's timing (solo: alone).
+@pytest.mark.solo
 class TestDemo:
     """Issues 6, 15 and 16: the demo's four reference runs (the fourth on the Responses
     API) and its multi-turn run in front of Dynamo hold their accounting; the replay
