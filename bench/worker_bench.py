@@ -82,7 +82,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
                 "",
             ]
         if part.get("ratios_per_round"):
-            out.append("| ratio | each round |")
+            out.append("| per round | each round |")
             out.append("|---|---|")
             for what, ratios in part["ratios_per_round"].items():
                 out.append(f"| {what} | {', '.join(_cell(r) for r in ratios)} |")
