@@ -19,6 +19,12 @@ way); ``transport_gaps`` counts only what ZeroMQ lost, so their difference is wh
 the tap dropped. Memory is bounded: at most ``max_holes`` holes are remembered per
 sequence; beyond that the oldest hole is written off as lost, and a record that
 still arrives into it later counts as a duplicate.
+
+Errors. A response record whose outcome is ``error`` is counted by its message
+(``response.error``, else ``HTTP <status>``, else ``(no message)``), clipped
+to ``ERROR_CHARS`` characters: at most ``MAX_ERROR_MESSAGES`` distinct ones per
+publisher, the rest under ``OTHER_ERRORS``. The message is what the record
+carries (the frontend's error text or the proxy's reason), never a body.
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ from shadow_proxy.records.envelope import OUTCOMES, check_envelope
 from shadow_proxy.records.seqs import DEFAULT_MAX_HOLES, SeqTracker
 
 DEFAULT_GRACE_S = 2.0
+#: Distinct error messages kept per publisher (and in the totals); the rest are
+#: counted under ``OTHER_ERRORS``.
+MAX_ERROR_MESSAGES = 8
+#: An error message is counted by its first characters.
+ERROR_CHARS = 160
+OTHER_ERRORS = "(other messages)"
 
 
 @attrs.define
@@ -48,6 +60,8 @@ class PublisherTotals:
     prompt_tokens: int = 0
     output_tokens: int = 0
     outcomes: dict[str, int] = attrs.field(factory=dict)
+    #: Error records by message (module docstring: bounded).
+    errors: dict[str, int] = attrs.field(factory=dict)
     heartbeats: int = 0
     last_heartbeat: wire.Heartbeat | None = None
     seqs: SeqTracker = attrs.field()
@@ -79,6 +93,8 @@ class PublisherTotals:
             outcome = response.get("outcome")
             name = outcome if outcome in OUTCOMES else "unknown"
             self.outcomes[name] = self.outcomes.get(name, 0) + 1
+            if name == "error":
+                count_error(self.errors, error_message(response))
         return True
 
     def add_heartbeat(self, heartbeat: wire.Heartbeat, now: float) -> None:
@@ -108,6 +124,7 @@ class PublisherTotals:
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "outcomes": dict(sorted(self.outcomes.items())),
+            "errors": _by_count(self.errors),
             "first_seq": self.seqs.first,
             "last_seq": self.seqs.last,
             "tap_gaps": self.seqs.gaps(),
@@ -228,6 +245,32 @@ class Accounts:
             for name, count in entry["outcomes"].items():
                 outcomes[name] = outcomes.get(name, 0) + count
         overall["outcomes"] = dict(sorted(outcomes.items()))
+        errors: dict[str, int] = {}
+        for entry in per_publisher:
+            for message, count in entry["errors"].items():
+                count_error(errors, message, count)
+        overall["errors"] = _by_count(errors)
         overall["undecodable"] = dict(sorted(self.undecodable.items()))
         overall["publishers"] = per_publisher
         return overall
+
+
+def error_message(response: dict[str, Any]) -> str:
+    """What an error record says went wrong, clipped to ``ERROR_CHARS``."""
+    message = response.get("error")
+    if not isinstance(message, str) or not message:
+        status = response.get("http_status")
+        message = f"HTTP {status}" if isinstance(status, int) else "(no message)"
+    return message[:ERROR_CHARS]
+
+
+def count_error(errors: dict[str, int], message: str, count: int = 1) -> None:
+    """Add ``count`` to ``message`` in ``errors``, keeping at most
+    ``MAX_ERROR_MESSAGES`` messages besides ``OTHER_ERRORS``."""
+    if message not in errors and len(errors.keys() - {OTHER_ERRORS}) >= MAX_ERROR_MESSAGES:
+        message = OTHER_ERRORS
+    errors[message] = errors.get(message, 0) + count
+
+
+def _by_count(errors: dict[str, int]) -> dict[str, int]:
+    return dict(sorted(errors.items(), key=lambda item: (-item[1], item[0])))

@@ -69,7 +69,12 @@ def evaluate(result: dict[str, Any]) -> list[str]:
                 )
             for outcome, count in outcomes.items():
                 if count:
-                    failures.append(f"{name}: {count} {outcome} records")
+                    said = totals.get("errors") if outcome == "error" else None
+                    # What the error records said: the cause is then in the failure.
+                    failures.append(
+                        f"{name}: {count} {outcome} records"
+                        + (f" ({counts(said)})" if said else "")
+                    )
         dropped = (result["proxy"]["taps"].get(name) or {}).get("dropped") or {}
         if any(dropped.values()):
             failures.append(f"{name}: the proxy dropped records {counts(dropped)}")

@@ -145,6 +145,7 @@ def tap_totals(summary: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens",
         "output_tokens",
         "outcomes",
+        "errors",
         "tap_gaps",
         "transport_gaps",
         "tail_loss",

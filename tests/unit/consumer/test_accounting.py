@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from shadow_proxy.consumer.accounting import Accounts
+from shadow_proxy.consumer.accounting import (
+    ERROR_CHARS,
+    MAX_ERROR_MESSAGES,
+    OTHER_ERRORS,
+    Accounts,
+)
 from shadow_proxy.records import wire
 from tests.support.tap_messages import TOPIC, heartbeat_frames, record_frames
 
@@ -32,6 +37,42 @@ class TestAccounts:
         assert summary["output_tokens"] == 9
         assert summary["outcomes"] == {"cancelled": 1, "complete": 1}
         assert summary["tap_gaps"] == summary["transport_gaps"] == 0
+
+    def test_errors_by_message(self):
+        """Error records are counted by what they say (the record's message, else
+        its status), most frequent first; other outcomes are not."""
+        accounts = Accounts(TOPIC)
+        responses = [
+            {"outcome": "error", "error": "upstream connection broke", "http_status": 200},
+            {"outcome": "error", "http_status": 503},
+            {"outcome": "error", "error": "upstream connection broke"},
+            {"outcome": "error"},
+            {"outcome": "cancelled", "error": "not an error record"},
+        ]
+        for seq, response in enumerate(responses):
+            accounts.on_frames(record_frames(seq, response=response), 0)
+        summary = accounts.summary(0)
+        assert summary["errors"] == {
+            "upstream connection broke": 2,
+            "(no message)": 1,
+            "HTTP 503": 1,
+        }
+        assert summary["publishers"][0]["errors"] == summary["errors"]
+
+    def test_error_messages_are_bounded(self):
+        """At most MAX_ERROR_MESSAGES distinct messages, each clipped; the rest
+        are counted, not lost."""
+        accounts = Accounts(TOPIC)
+        n = MAX_ERROR_MESSAGES + 5
+        for seq in range(n):
+            long = f"error {seq:03d} " + "x" * 1000
+            response = {"outcome": "error", "error": long}
+            accounts.on_frames(record_frames(seq, response=response), 0)
+        errors = accounts.summary(0)["errors"]
+        assert errors[OTHER_ERRORS] == 5
+        assert len(errors) == MAX_ERROR_MESSAGES + 1
+        assert sum(errors.values()) == n
+        assert all(len(message) <= ERROR_CHARS for message in errors)
 
     def test_out_of_order_arrival_is_not_a_gap(self):
         accounts = Accounts(TOPIC)

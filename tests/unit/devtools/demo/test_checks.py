@@ -68,6 +68,16 @@ class TestEvaluate:
         result["taps"]["shadow-replay"]["outcomes"] = {"complete": 9, "cancelled": 1}
         assert evaluate(result) == []
 
+    def test_error_records_say_what_they_said(self):
+        """An error record's failure line carries the messages the consumer
+        counted, so a run that fails once says why."""
+        result = copy.deepcopy(_good_result())
+        tap = result["taps"]["shadow-replay"]
+        tap["outcomes"] = {"complete": 8, "cancelled": 1, "error": 1}
+        tap["errors"] = {"upstream connection broke": 1}
+        failures = evaluate(result)
+        assert "shadow-replay: 1 error records (upstream connection broke 1)" in failures
+
     @pytest.mark.parametrize(
         ("path", "value", "expected"),
         [

@@ -59,6 +59,7 @@ class TestConsumerTotals:
             {
                 "records": 3,
                 "tap_gaps": 1,
+                "errors": {"HTTP 503": 2},
                 "extra": 9,
                 "publishers": [{}, {}],
                 "source": "stream S subject shadow.t durable d at nats://h:1",
@@ -67,6 +68,7 @@ class TestConsumerTotals:
         assert totals["records"] == 3 and totals["tap_gaps"] == 1 and totals["publishers"] == 2
         assert totals["source"] == "stream S subject shadow.t durable d at nats://h:1"
         assert "extra" not in totals and totals["outcomes"] is None
+        assert totals["errors"] == {"HTTP 503": 2}  # the demo's checks name them
 
 
 class TestFrontendPromptTokens:
