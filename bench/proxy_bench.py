@@ -250,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--conversations", type=int, default=24, help="multiturn: conversations per case and round"
     )
     parser.add_argument(
+        "--new-frontend-each-round",
+        action="store_true",
+        help="multiturn: start the frontend (and its engine) anew for each round, so that "
+        "every round measures a frontend that has served only that round",
+    )
+    parser.add_argument(
         "--processes", type=int, help="multiturn: worker.processes (default: one per core)"
     )
     parser.add_argument(

@@ -117,13 +117,28 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         )
     size = SIZES[size_name]
     env = {"DYN_TOKENIZER_CACHE": "0"} if args.dynamo_tokenizer_cache == "off" else None
-    frontend = await Frontend.start(
-        kind, scratch, pace=None, speedup=1000.0, cpus=None, dynamo_env=env
-    )
+
+    async def start_frontend(rnd: int = 0) -> Frontend:
+        # Each frontend its own directory: Dynamo's file discovery must not see
+        # the engine of the one before.
+        home = scratch / f"frontend-{rnd}" if rnd else scratch
+        home.mkdir(parents=True, exist_ok=True)
+        return await Frontend.start(
+            kind, home, pace=None, speedup=1000.0, cpus=None, dynamo_env=env
+        )
+
+    # One frontend for the run, or (--new-frontend-each-round) a new one for each
+    # round: the frontend's CPU a request moves over a long run (docs/benchmarks.md,
+    # issue 34's fifth round), and a new one takes that out of the yardstick.
+    new_each_round = args.new_frontend_each_round
+    frontend = await start_frontend()
     cases = {"incremental": {}, "full re-encode": {"tokenizer_cache_bytes": 0}}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
     try:
         for rnd in range(args.rounds):
+            if new_each_round and rnd:
+                frontend.stop()
+                frontend = await start_frontend(rnd)
             order = list(cases) if rnd % 2 == 0 else list(reversed(cases))
             for case in order:
                 # The same conversations for both cases of a round (the CPU per
@@ -215,9 +230,10 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         ),
         ("prompt-token mismatches == 0", inc["mismatches"] + full["mismatches"], 0, False),
     ]
+    label = frontend.label + (", a new one each round" if new_each_round else "")
     return {
         "regime": "multiturn",
-        "frontend": frontend.label,
+        "frontend": label,
         "conversations": n,
         "conversation_size": f"{size_name}: {size.turns[0]}-{size.turns[1]} turns to "
         f"{size.words[0]:,}-{size.words[1]:,} words",
