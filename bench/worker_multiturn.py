@@ -202,9 +202,9 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         "worker / frontend": [
             i[worker] / max(1e-9, i["frontend_cpu_ms_per_request"]) for i in runs["incremental"]
         ],
-        # The yardstick, shown: one frontend serves every round, and its CPU a
-        # request on the same conversations moves between a round's two cases
-        # and over the run (docs/benchmarks.md, issue 34's fifth round).
+        # The yardstick, shown: the frontend's CPU a request on the same
+        # conversations moves between a round's two cases and, with one frontend
+        # for the run, over the run (docs/benchmarks.md, issue 34's fifth round).
         "worker CPU ms a request (incremental)": [i[worker] for i in runs["incremental"]],
         "frontend CPU ms a request (incremental)": [
             i["frontend_cpu_ms_per_request"] for i in runs["incremental"]
