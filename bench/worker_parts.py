@@ -16,8 +16,10 @@ process (issue 34, fourth round): ratios of alternated runs, not timed tests.
   against its pre-tokenizer's regexes run in Python (the ``regex`` module) and
   only the byte-level map and BPE left to the library, the words handed over as
   pre-tokenized input, or each word mapped in Python and handed to the model's
-  BPE (``model.tokenize``); and the library with its word cache warm. Every way
-  must give the library's ids (checked; issue 34, fifth round)::
+  BPE (``model.tokenize``); and the library with its word cache warm (issue 34,
+  fifth round). Sixth round: DeepSeek's three splits run as one
+  (``worker/request/pre_tokenizer.py``, what the worker now loads), cold and
+  warm. Every way must give the library's ids (checked)::
 
     .venv/bin/python -m bench.worker_parts --part answer
 
@@ -44,6 +46,7 @@ from bench.services import MODEL_DIR, MODEL_NAME
 from bench.worker_multiturn import conversations
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.reference_taps import proxy_config, reference_taps
+from shadow_proxy.worker.request.pre_tokenizer import faster_pre_tokenizer
 from shadow_proxy.worker.request.templates import dynamo
 from shadow_proxy.worker.shard.models import load_models
 
@@ -151,6 +154,9 @@ def answer_part(n: int, repeats: int) -> None:
     bpe_only = json.dumps({**spec, "pre_tokenizer": byte_level})
     whole = json.dumps(spec)
     probe = Tokenizer.from_str(whole)
+    merged_probe = Tokenizer.from_str(whole)
+    if faster_pre_tokenizer(merged_probe) is None:
+        raise SystemExit("answer: the model's pre-tokenizer is not DeepSeek's three splits")
     rng = random.Random(1)
     vocab = probe.get_vocab_size()
     answers = []
@@ -158,12 +164,19 @@ def answer_part(n: int, repeats: int) -> None:
         ids = [rng.randrange(1000, vocab - 1000) for _ in range(680)]
         answers.append("".join(probe.decode([i]) for i in ids))
     library = [probe.encode_batch_fast([a], add_special_tokens=False)[0].ids for a in answers]
+    for a in answers:  # the merged tokenizer's word cache warm too
+        merged_probe.encode_batch_fast([a], add_special_tokens=False)
 
     byte_map = _byte_level_map()
 
     def run(how: str) -> float:
         if how == "warm":
             tokenizer = probe  # has encoded these answers once
+        elif how == "merged warm":
+            tokenizer = merged_probe
+        elif how == "merged":
+            tokenizer = Tokenizer.from_str(whole)
+            faster_pre_tokenizer(tokenizer)
         else:
             tokenizer = Tokenizer.from_str(whole if how == "library" else bpe_only)
         encode, model = tokenizer.encode_batch_fast, tokenizer.model
@@ -185,10 +198,12 @@ def answer_part(n: int, repeats: int) -> None:
             raise SystemExit(f"answer: {how!r} gave other ids than the library")
         return seconds
 
-    for how in ("split", "split + model", "library"):
+    for how in ("merged", "split", "split + model", "library"):
         run(how)  # untimed: the first run of a way pays its one-off set-up
     runs = alternate(
         {
+            "the three splits as one": lambda: run("merged"),
+            "the three splits as one, word cache warm": lambda: run("merged warm"),
             "python split + library BPE": lambda: run("split"),
             "python split + model.tokenize per word": lambda: run("split + model"),
             "library, word cache warm": lambda: run("warm"),

@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from shadow_proxy.worker.request.pre_tokenizer import faster_pre_tokenizer
 from shadow_proxy.worker.request.templates import (
     ChatTemplate,
     TemplateLoadError,
@@ -66,9 +67,10 @@ class LoadedModel:
     #: Checksum of the tokenizer files (first 16 hex digits of a sha256).
     mdc_sum: str
     path: Path
-    #: ``tokenizers.Tokenizer`` read from tokenizer.json exactly as written.
-    #: Dynamo encodes with this; transformers' AutoTokenizer may swap in a
-    #: model family's own pre-tokenizer or normalizer (e.g. for
+    #: ``tokenizers.Tokenizer`` read from tokenizer.json as written (DeepSeek's
+    #: pre-tokenizer runs its three splits as one: the same pieces,
+    #: ``pre_tokenizer.py``). Dynamo encodes with this; transformers'
+    #: AutoTokenizer may swap in a model family's own pre-tokenizer or normalizer (e.g. for
     #: ``model_type: qwen2``), which changes the ids where the file disagrees.
     backend: Any = None
     #: Encodes prompts (``worker/request/incremental.py``: exact, reusing the ids
@@ -134,6 +136,10 @@ def load_model(
     except Exception as exc:
         msg = f"cannot read tokenizer.json of '{tokenizer}' for model '{name}': {exc}"
         raise ModelLoadError(msg) from exc
+    # The same pieces in fewer passes (DeepSeek's three splits as one), or as written.
+    rewrite = faster_pre_tokenizer(backend)
+    if rewrite is not None:
+        log.info("model %r: %s", name, rewrite)
     try:
         config = read_json(path / "config.json")
         generation = read_json(path / "generation_config.json")
