@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from shadow_proxy.exchange import Route
@@ -24,7 +25,7 @@ from shadow_proxy.worker.response.event_template import EventTemplate, TemplateR
 from shadow_proxy.worker.response.fast_chunk import Chunk, decode_batch, read_batch, read_chunk
 from shadow_proxy.worker.response.outcome import MAX_ERROR_CHARS, clip, error_message, event_error
 from shadow_proxy.worker.response.responses_events import ResponsesReader
-from shadow_proxy.worker.response.sse import SSEEvent, WholeEvents
+from shadow_proxy.worker.response.sse import Arrivals, SSEEvent, WholeEvents
 
 #: How many of the structs' last chunks of a batch a template is learned from.
 _LEARN_FROM_LAST = 3
@@ -130,12 +131,11 @@ class BodyContent:
             return False
         if got is not None and read == count and got.carried is None and not self.chunk_timing:
             # All of them, each with text: the first and the last are enough.
-            self._templated(got, 0, [])
+            self._templated(got, 0, None)
             first = len(events[0]) + 1  # the first blank line's last byte
-            at = [offsets[whole.chunk_at(first)], offsets[whole.chunk_at(end - 1)]]
-            self._carried(at)
+            self._carried([offsets[whole.chunk_at(first)], offsets[whole.chunk_at(end - 1)]])
             return True
-        at = list(map(offsets.__getitem__, whole.chunk_of()))
+        at = whole.arrivals(offsets)
         if got is not None:
             self._templated(got, 0, at)
         tried = 0  # the template was tried at events[tried] (and read up to ``read``)
@@ -160,7 +160,7 @@ class BodyContent:
                     self.upstream_id = upstream_id
                 self.malformed += malformed
                 if carried_at:
-                    self._carried([at[read + i] for i in carried_at])
+                    self._carried_events(at, read, carried_at)
                 self._learn(events, chunks, read, done)
                 read += done
             if read < stop and (chunks is None or done < len(chunks)):
@@ -168,17 +168,17 @@ class BodyContent:
                 read += 1
         return True
 
-    def _templated(self, got: TemplateRead, first: int, at: list[int]) -> None:
-        """The template's read of events from ``first`` (each at ``at[i]``; []: the
-        caller takes their offsets): the text, the content chunks, the offsets."""
+    def _templated(self, got: TemplateRead, first: int, at: Arrivals | None) -> None:
+        """The template's read of events from ``first`` (each at ``at[i]``; None:
+        the caller takes their offsets): the text, the content chunks, the offsets."""
         choice = self.template_choice
         assert choice is not None
         if got.text:
             self.choices.add_utf8(choice, got.text)
         carried = range(got.count) if got.carried is None else got.carried
         choice.content_chunks += len(carried)
-        if at and carried:
-            self._carried([at[first + i] for i in carried])
+        if at is not None and carried:
+            self._carried_events(at, first, carried)
 
     def _learn(self, events: list[bytes], chunks: list[Chunk], first: int, done: int) -> None:
         """The template of the last of the structs' ``done`` chunks (events from
@@ -192,6 +192,13 @@ class BodyContent:
                 if choice is not None:
                     self.template, self.template_choice = template, choice
                     return
+
+    def _carried_events(self, at: Arrivals, first: int, carried: Sequence[int]) -> None:
+        """``_carried`` of the events ``first + i`` for ``i`` in ``carried`` (not
+        empty): without chunk timing only the first and the last count."""
+        if not self.chunk_timing:
+            carried = (carried[0], carried[-1])
+        self._carried([at[first + i] for i in carried])
 
     def _carried(self, offsets: list[int]) -> None:
         """``content_at`` of each offset, in order (not empty)."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+from collections.abc import Sequence
 
 import attrs
 
@@ -104,12 +105,25 @@ class WholeEvents:
         """The index of the chunk byte ``at`` of ``text`` came in."""
         return bisect.bisect_right(self.bounds, at)
 
-    def chunk_of(self) -> list[int]:
-        """For each event, the index of the chunk its blank line ended in."""
+    def arrivals(self, offsets: Sequence[int]) -> Arrivals:
+        """When each event came, ``offsets[i]`` being the i-th chunk's: found for
+        the events asked about only (most reads want the first and the last)."""
+        return Arrivals(self, offsets)
+
+
+class Arrivals:
+    """``at[i]``: the offset of the chunk event ``i``'s blank line ended in."""
+
+    __slots__ = ("_bounds", "_ends", "_offsets")
+
+    def __init__(self, whole: WholeEvents, offsets: Sequence[int]) -> None:
+        self._bounds = whole.bounds
+        self._offsets = offsets
         # The last byte of each event's blank line: its end, minus one.
-        ends = itertools.accumulate(map(_PLUS_TWO, map(len, self.events)), initial=-1)
-        next(ends)
-        return list(map(bisect.bisect_right, itertools.repeat(self.bounds), ends))
+        self._ends = list(itertools.accumulate(map(_PLUS_TWO, map(len, whole.events)), initial=-1))
+
+    def __getitem__(self, i: int) -> int:
+        return self._offsets[bisect.bisect_right(self._bounds, self._ends[i + 1])]
 
 
 #: An event's value: what follows ``data: ``.
