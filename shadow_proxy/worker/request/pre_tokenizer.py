@@ -108,6 +108,8 @@ def _probe() -> list[str]:
 
 
 PROBE = _probe()
+#: What ``faster_pre_tokenizer`` returns when it swapped the splits.
+APPLIED = "DeepSeek's three splits run as one"
 
 
 def deepseek_splits(tokenizer: Any) -> dict[str, Any] | None:
@@ -162,4 +164,4 @@ def faster_pre_tokenizer(tokenizer: Any) -> str | None:
         if merged.pre_tokenize_str(text) != written.pre_tokenize_str(text):
             return f"DeepSeek's three splits kept: one cut differs on {text[:40]!r}"
     tokenizer.pre_tokenizer = merged
-    return "DeepSeek's three splits run as one"
+    return APPLIED

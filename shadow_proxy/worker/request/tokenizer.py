@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from shadow_proxy.worker.request.pre_tokenizer import faster_pre_tokenizer
+from shadow_proxy.worker.request.pre_tokenizer import APPLIED, faster_pre_tokenizer
 from shadow_proxy.worker.request.templates import (
     ChatTemplate,
     TemplateLoadError,
@@ -137,9 +137,10 @@ def load_model(
         msg = f"cannot read tokenizer.json of '{tokenizer}' for model '{name}': {exc}"
         raise ModelLoadError(msg) from exc
     # The same pieces in fewer passes (DeepSeek's three splits as one), or as written.
+    # A probe that cuts otherwise means the library changed under us: say so.
     rewrite = faster_pre_tokenizer(backend)
     if rewrite is not None:
-        log.info("model %r: %s", name, rewrite)
+        (log.info if rewrite == APPLIED else log.warning)("model %r: %s", name, rewrite)
     try:
         config = read_json(path / "config.json")
         generation = read_json(path / "generation_config.json")

@@ -114,16 +114,16 @@ class WholeEvents:
 class Arrivals:
     """``at[i]``: the offset of the chunk event ``i``'s blank line ended in."""
 
-    __slots__ = ("_bounds", "_ends", "_offsets")
+    __slots__ = ("_ends", "_offsets", "_whole")
 
     def __init__(self, whole: WholeEvents, offsets: Sequence[int]) -> None:
-        self._bounds = whole.bounds
+        self._whole = whole
         self._offsets = offsets
         # The last byte of each event's blank line: its end, minus one.
         self._ends = list(itertools.accumulate(map(_PLUS_TWO, map(len, whole.events)), initial=-1))
 
     def __getitem__(self, i: int) -> int:
-        return self._offsets[bisect.bisect_right(self._bounds, self._ends[i + 1])]
+        return self._offsets[self._whole.chunk_at(self._ends[i + 1])]
 
 
 #: An event's value: what follows ``data: ``.

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from shadow_proxy.worker.request import pre_tokenizer
 from shadow_proxy.worker.request.pre_tokenizer import (
+    APPLIED,
     MERGED,
     REPRESENTATIVES,
     deepseek_splits,
@@ -20,15 +21,13 @@ from shadow_proxy.worker.request.pre_tokenizer import (
 )
 from shadow_proxy.worker.request.tokenizer import load_model
 
-DONE = "DeepSeek's three splits run as one"
-
 
 @pytest.fixture(scope="module")
 def both(model_dirs) -> tuple[Tokenizer, Tokenizer]:
     """DeepSeek's tokenizer as written, and with the splits as one."""
     path = str(model_dirs["deepseek"] / "tokenizer.json")
     written, merged = Tokenizer.from_file(path), Tokenizer.from_file(path)
-    assert faster_pre_tokenizer(merged) == DONE
+    assert faster_pre_tokenizer(merged) == APPLIED
     return written, merged
 
 
@@ -104,3 +103,12 @@ def test_a_pattern_that_cuts_otherwise_is_not_used(model_dirs, monkeypatch, wron
     before = tokenizer.pre_tokenizer.__getstate__()
     assert faster_pre_tokenizer(tokenizer).startswith("DeepSeek's three splits kept")
     assert tokenizer.pre_tokenizer.__getstate__() == before
+
+
+def test_load_model_warns_when_the_splits_are_kept(model_dirs, monkeypatch, caplog):
+    monkeypatch.setattr(pre_tokenizer, "MERGED", MERGED.replace("(?![^\\s\\p{N}", "(?![^\\s"))
+    with caplog.at_level("INFO"):
+        backend = load_model("deepseek", str(model_dirs["deepseek"])).backend
+    assert deepseek_splits(backend) is not None  # as written
+    (record,) = [r for r in caplog.records if "three splits" in r.getMessage()]
+    assert record.levelname == "WARNING" and "kept" in record.getMessage()
