@@ -136,9 +136,11 @@ def _sse_usage(body: bytes) -> dict | None:
     return usage
 
 
-async def send(session: aiohttp.ClientSession, url: str, api: str, body: dict) -> Answer:
+async def send(
+    session: aiohttp.ClientSession, url: str, api: str, body: dict, headers: dict | None = None
+) -> Answer:
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-    async with session.post(url + path, json=body) as response:
+    async with session.post(url + path, json=body, headers=headers) as response:
         data = await response.read()
         rid = response.headers["x-request-id"]
         if response.status != 200:
