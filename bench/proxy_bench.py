@@ -259,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--processes", type=int, help="multiturn: worker.processes (default: one per core)"
     )
     parser.add_argument(
+        "--worker-malloc",
+        help="multiturn: worker.malloc (default auto: jemalloc when the machine has it; "
+        "system: the C library's malloc)",
+    )
+    parser.add_argument(
         "--conversation-size",
         choices=("long", "short"),
         help="multiturn: long (10-30 turns to 8k-30k tokens; the default) or short "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set-up for `make bench` (idempotent): nginx (the C reference proxy) and
-# taskset from Debian's packages when missing, and the Dynamo frontend + mocker
+# Set-up for `make bench` (idempotent): nginx (the C reference proxy), taskset
+# and jemalloc (the worker's allocator, as the image has it) from Debian's
+# packages when missing, and the Dynamo frontend + mocker
 # (scripts/install-dynamo.sh) when the bench is asked for --frontend dynamo|both,
 # and py-spy into .venv for --profile.
 # Takes the bench's own arguments and looks only at --frontend, --regime and --profile
@@ -25,6 +26,8 @@ done
 missing=()
 command -v nginx >/dev/null 2>&1 || [[ -x /usr/sbin/nginx ]] || missing+=(nginx-light)
 command -v taskset >/dev/null 2>&1 || missing+=(util-linux)
+# jemalloc: the worker's allocator, as the image ships it (worker.malloc: auto).
+/sbin/ldconfig -p 2>/dev/null | grep -q "libjemalloc.so.2 " || missing+=(libjemalloc2)
 if [[ ${#missing[@]} -gt 0 ]]; then
   SUDO=""
   [[ $(id -u) -eq 0 ]] || SUDO="sudo"

@@ -13,6 +13,7 @@ from typing import Any
 
 from bench.cases import CASE_TITLES
 from bench.services import REPO
+from shadow_proxy import allocator
 
 
 def machine() -> dict[str, Any]:
@@ -33,6 +34,8 @@ def machine() -> dict[str, Any]:
     dynamo = sorted((REPO / ".dynamo" / "venv").glob("lib/python*/site-packages/ai_dynamo-*"))
     if dynamo:
         packages["ai-dynamo"] = dynamo[0].name.split("-")[1].removesuffix(".dist")
+    # What the bench's proxies preload in their workers (worker.malloc: auto).
+    packages["worker malloc"] = allocator.choose(allocator.AUTO)
     with contextlib.suppress(OSError):
         load = Path("/proc/loadavg").read_text().split()[:3]
     return {

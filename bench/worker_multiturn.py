@@ -18,6 +18,7 @@ from bench.procfs import cpu_seconds
 from bench.scrape import counter, listing, metrics, worker_pids
 from bench.services import MODEL_NAME, Frontend, start_proxy
 from bench.worker_scaling import published
+from shadow_proxy import allocator
 from shadow_proxy.devtools.conversations import answer_text
 from shadow_proxy.devtools.loadgen import make_prompt
 
@@ -148,6 +149,8 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                 worker = {"max_lag_s": None, **cases[case]}
                 if args.processes:
                     worker["processes"] = args.processes
+                if args.worker_malloc:
+                    worker["malloc"] = args.worker_malloc
                 service, url, main, _ = await start_proxy(
                     frontend.url, scratch, True, None, worker, frontend_kind=kind
                 )
@@ -231,6 +234,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         ("prompt-token mismatches == 0", inc["mismatches"] + full["mismatches"], 0, False),
     ]
     label = frontend.label + (", a new one each round" if new_each_round else "")
+    label += f"; the worker's malloc: {allocator.choose(args.worker_malloc or allocator.AUTO)}"
     return {
         "regime": "multiturn",
         "frontend": label,

@@ -11,6 +11,7 @@ given: ``proxy.yaml:7: 'taps[replay].capacity' must be at least 1 (got 0)``.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -296,6 +297,14 @@ def non_negative(value: float) -> str | None:
 
 def niceness(value: int) -> str | None:
     return None if 0 <= value <= 19 else "must be between 0 and 19"
+
+
+def malloc(value: str) -> str | None:
+    if value in ("auto", "system"):
+        return None
+    if not os.path.isabs(value):
+        return "must be auto, system or the absolute path of a malloc library"
+    return None if os.path.isfile(value) else f"no such file: {value}"
 
 
 def fraction(value: float) -> str | None:

@@ -344,19 +344,22 @@ class WorkerOptions:
         None,
         check=checks.at_least_1,
     )
-    #: ``idle``: SCHED_IDLE on every worker thread; ``nice``: only the niceness below.
     priority: Priority = key(
         "idle: SCHED_IDLE on every worker thread (CPU nothing else wants); nice: only nice.",
         Priority.IDLE,
         converter=Priority,
     )
-    #: The niceness with ``priority: nice``, and where the OS has no idle class.
     nice: int = key(
         "The niceness with priority: nice, or where the OS has no idle class.",
         19,
         check=checks.niceness,
     )
-    #: Older requests and records are dropped as ``late``, not processed late; None: never.
+    malloc: str = key(
+        "auto: jemalloc, else mimalloc, preloaded in the worker's processes when the machine "
+        "has one; system: the C library's malloc; or a malloc library's absolute path.",
+        "auto",
+        check=checks.malloc,
+    )
     max_lag_s: float | None = key(
         "Older requests and records are dropped (late), not published late; null: never.",
         30.0,
@@ -374,7 +377,6 @@ class WorkerOptions:
         64 * MIB,
         check=checks.non_negative,
     )
-    #: A shard whose resident memory passes this restarts between requests; None: never.
     max_rss_mb: int | None = key(
         "A shard above this is replaced between requests; null: never.",
         1024,
@@ -387,13 +389,11 @@ class WorkerOptions:
         None,
         check=checks.at_least_1,
     )
-    #: Bytes a content-encoded response body may decode to.
     max_decoded_bytes: int = key(
         "A gzip/deflate/br/zstd response body decodes to at most this.",
         64 * MIB,
         check=checks.at_least_1,
     )
-    #: CPU seconds a shard spends on one request before it stops reading its response.
     max_request_cpu_s: float = key(
         "A shard reads no more of a response past this CPU time.", 5.0, check=checks.positive
     )

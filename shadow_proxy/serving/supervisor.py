@@ -31,7 +31,7 @@ import zmq.asyncio
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from shadow_proxy import lifeline
+from shadow_proxy import allocator, lifeline
 from shadow_proxy.channel import control
 from shadow_proxy.channel.checkpoint import read_checkpoint
 from shadow_proxy.config import Config
@@ -85,6 +85,13 @@ class Taps:
         self.control.setsockopt(zmq.LINGER, 0)
         self.control.bind(self.control_endpoint)
         self.process: subprocess.Popen | None = None
+        #: The worker's allocator (``allocator.py``), chosen once: every worker
+        #: started again runs on the same one.
+        self._malloc = allocator.choose(config.worker.malloc)
+        if self._malloc != allocator.SYSTEM:
+            log.info(
+                "the tap worker runs on %s (worker.malloc: %s)", self._malloc, config.worker.malloc
+            )
         #: What the current worker said when ready, and its latest counters.
         self._taps: tuple[control.TapInfo, ...] = ()
         self._counters: tuple[control.TapCounters, ...] = ()
@@ -113,7 +120,8 @@ class Taps:
             self.checkpoint_path,
             generation,
         )
-        process = lifeline.spawn(WORKER_MAIN, args, exit_after_s=WORKER_EXIT_AFTER_S)
+        env = allocator.worker_env(self._malloc)
+        process = lifeline.spawn(WORKER_MAIN, args, exit_after_s=WORKER_EXIT_AFTER_S, env=env)
         self.process = process
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):

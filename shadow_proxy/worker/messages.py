@@ -95,9 +95,12 @@ class Ready:
     #: ``idle`` (SCHED_IDLE) or ``nice``; and why not idle, when it fell back.
     policy: str
     fallback: str | None = None
+    #: The allocator it runs on (``allocator.in_use``).
+    malloc: str = "system"
 
     def encode(self) -> list[bytes]:
-        return [Kind.READY.value, msgpack.packb([self.pid, self.policy, self.fallback])]
+        fields = [self.pid, self.policy, self.fallback, self.malloc]
+        return [Kind.READY.value, msgpack.packb(fields)]
 
     @classmethod
     def decode(cls, frames: list[bytes]) -> Ready:

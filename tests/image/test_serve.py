@@ -322,6 +322,13 @@ class TestTheContainer:
         done = podman("healthcheck", "run", proxy.name, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
 
+    async def test_the_worker_runs_on_jemalloc(self, proxy: Proxy, podman: Podman) -> None:
+        """The image ships libjemalloc2, and ``worker.malloc: auto`` preloads it in the
+        worker's processes (not in the serving process, pid 1)."""
+        assert await proxy.sample("shadow_worker_malloc_processes", library="libjemalloc.so.2") == 2
+        maps = podman("exec", proxy.name, "cat", "/proc/1/maps").stdout
+        assert "libjemalloc" not in maps
+
     async def test_created_samples_are_times_not_sums(self, proxy: Proxy) -> None:
         """Issue 29 item 6: with two shards, ``*_created`` read twice the clock."""
         text = await proxy.metrics()

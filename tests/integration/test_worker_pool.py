@@ -27,6 +27,7 @@ from tests.integration.workers import (
     tap,
     tap_counters,
 )
+from tests.support.libraries import glibc_malloc_debug
 from tests.support.servers import proxy_config, run_proxy, serve
 
 pytestmark = pytest.mark.timeout(240)
@@ -278,3 +279,48 @@ class TestOomOrder:
             shards = shard_pids(main)
             assert shards and all(adj(pid) == 500 for pid in shards)
             assert adj(main) < 500 and adj("self") < 500
+
+
+def mapped(pid: int | str) -> set[str]:
+    """The file names of the libraries mapped in a process."""
+    names = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6:
+            names.add(os.path.basename(fields[5]))
+    return names
+
+
+class TestMalloc:
+    """worker.malloc: the library is preloaded in the worker's main and in every
+    shard, never in the serving process, and the shards say so on /metrics."""
+
+    async def test_preloaded_in_the_worker_only(self, frontend, model_dirs, context):
+        library = glibc_malloc_debug()
+        name = os.path.basename(library)
+        config = config_for(frontend, model_dirs, tap("kv"), malloc=library)
+        async with run_proxy(config) as (url, registry, app), aiohttp.ClientSession() as s:
+            consumer = (await consumers_of(config, context))["kv"]
+            await post(s, url, chat("a record through the preloaded allocator"))
+            await wait_for(lambda: consumer.has(1), timeout=20)
+            main = app[TAPS].process.pid
+            shards = shard_pids(main)
+            assert len(shards) == 2
+            for pid in (main, *shards):
+                assert name in mapped(pid), pid
+            assert name not in mapped("self")
+            await wait_for(
+                lambda: sample(registry, "shadow_worker_malloc_processes", library=name) == 2
+            )
+
+    async def test_system(self, frontend, model_dirs, context):
+        config = config_for(frontend, model_dirs, tap("kv"), malloc="system")
+        async with run_proxy(config) as (url, registry, app):
+            shards = shard_pids(app[TAPS].process.pid)
+            assert len(shards) == 2
+            for pid in shards:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                assert not any(v.startswith(b"LD_PRELOAD=") for v in environ)
+            await wait_for(
+                lambda: sample(registry, "shadow_worker_malloc_processes", library="system") == 2
+            )

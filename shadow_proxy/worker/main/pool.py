@@ -365,6 +365,10 @@ class Pool:
         self.metrics.processes.set(len(running))
         idle = [s for s in running if s.info is not None and s.info.policy == Priority.IDLE]
         self.metrics.idle.set(len(idle))
+        by_malloc = collections.Counter(s.info.malloc for s in running if s.info is not None)
+        for library in set(self.metrics.seen_mallocs) | set(by_malloc):
+            self.metrics.malloc.labels(library).set(by_malloc[library])
+        self.metrics.seen_mallocs.update(by_malloc)
 
     def stop(self, deadline_s: float) -> int:
         """Tell every shard to finish what it was sent and its open requests (as

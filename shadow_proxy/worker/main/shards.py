@@ -150,3 +150,11 @@ class PoolMetrics:
             "Shards in the idle scheduling class (the others fell back to a nice level).",
             registry=registry,
         )
+        self.malloc = Gauge(
+            "shadow_worker_malloc_processes",
+            "Shards by the allocator they run on (worker.malloc; system: the C library's).",
+            ["library"],
+            registry=registry,
+        )
+        #: The libraries labelled so far (a gauge that falls to 0 stays shown).
+        self.seen_mallocs: set[str] = set()

@@ -40,6 +40,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from shadow_proxy import allocator
 from shadow_proxy.channel.handoff import Chunks, End, HandoffError, Kind, Request, peek
 from shadow_proxy.channel.stream import StreamDecoder, split_frames
 from shadow_proxy.config import Config, Priority
@@ -364,7 +365,10 @@ def run(config: Config, token: int, path: str, processes: int) -> int:
     loop = ShardLoop(config, joiner, outbox)
     idle = worker.priority is Priority.IDLE
     achieved = priority.lower_priority(fallback_nice=worker.nice, idle=idle)
-    outbox.send(messages.Ready(os.getpid(), achieved.policy, achieved.fallback_reason))
+    ready = messages.Ready(
+        os.getpid(), achieved.policy, achieved.fallback_reason, allocator.in_use()
+    )
+    outbox.send(ready)
     outbox.flush()
     try:
         loop.run()

@@ -53,6 +53,7 @@ class TestDefaults:
         assert (worker.max_lag_s, worker.max_rss_mb) == (30.0, 1024)
         assert worker.tokenizer_cache_bytes == worker.max_decoded_bytes == 64 * MIB
         assert (worker.max_prompt_bytes, worker.max_request_cpu_s) == (None, 5.0)
+        assert worker.malloc == "auto"
 
     def test_tap(self) -> None:
         t = tap("request")
