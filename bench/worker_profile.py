@@ -7,11 +7,14 @@ token, ``usage`` in the last chunk) and resent as history, through a ``Joiner``
 with the reference taps: hand-off messages encoded and decoded as the shard gets
 them. Prints the CPU per request, split into request and response side, the
 tokenizer's share (the prompt's new text, the answer's output ids) and the
-whole CPU over the tokenizer's (the floor: encoding the new text alone), and
-the top functions::
+whole CPU over the tokenizer's (the floor: encoding the new text alone), the
+allocator it ran on, and the top functions. It runs on the shards' allocator
+(``--malloc``, as ``worker.malloc``: by default it starts itself again with
+jemalloc preloaded when the machine has it)::
 
     .venv/bin/python -m bench.worker_profile --conversations 4 --answer-tokens 200
     .venv/bin/python -m bench.worker_profile --history synthetic --sort none
+    .venv/bin/python -m bench.worker_profile --sort none --malloc system   # glibc's malloc
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import json
 import os
 import pstats
 import random
+import sys
 import time
 from typing import Any
 
 from bench.services import MODEL_DIR, MODEL_NAME
-from bench.worker_multiturn import conversations
+from bench.worker_multiturn import SIZES, conversations
+from shadow_proxy import allocator
 from shadow_proxy.channel.handoff import KEY, Chunks, End, Head, Pieces, Request
 from shadow_proxy.config import Config
 from shadow_proxy.devtools.reference_taps import proxy_config, reference_taps
@@ -135,10 +140,27 @@ def main() -> None:
         help="frontend: each answer as long as the reply and resent as streamed; synthetic: "
         "8-token answers, the bench's own reply resent (the multiturn regime's two cases)",
     )
+    parser.add_argument(
+        "--conversation-size",
+        choices=tuple(SIZES),
+        default="long",
+        help="as the multiturn regime's",
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--side", choices=("all", "request", "chunks", "end"), default="all")
     parser.add_argument("--sort", default="tottime", choices=("tottime", "cumulative", "none"))
+    parser.add_argument(
+        "--malloc",
+        default=allocator.AUTO,
+        help="as worker.malloc: auto (jemalloc when the machine has it, as a shard runs), "
+        "system, or a library's path",
+    )
     args = parser.parse_args()
+    library = allocator.choose(args.malloc)
+    if library != allocator.SYSTEM and allocator.ENV not in os.environ:
+        # As the pool's shards run: started again with the library preloaded.
+        argv = [sys.executable, "-m", "bench.worker_profile", *sys.argv[1:]]
+        os.execve(sys.executable, argv, allocator.worker_env(library))
     # As the pool starts each shard (``worker/main/shards.py``): the tokenizer on one
     # thread (read when the tokenizer first runs).
     os.environ.update(RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -155,7 +177,9 @@ def main() -> None:
     vocab = tokenizer.get_vocab_size()
     exchanges = []
     n = events = 0
-    for index, talk in enumerate(conversations(args.conversations, seed=0)):
+    for index, talk in enumerate(
+        conversations(args.conversations, seed=0, size=SIZES[args.conversation_size])
+    ):
         history: list[dict[str, Any]] = [{"role": "system", "content": talk.system}]
         for user, reply in talk.turns:
             history.append({"role": "user", "content": user})
@@ -203,7 +227,7 @@ def main() -> None:
         + f" tokenizer {1000 * clock.seconds / requests:.2f} ms of it"
         + f" (prompt {1000 * encoded['request'] / requests:.2f}, answer"
         + f" {1000 * encoded['end'] / requests:.2f}); CPU / tokenizer"
-        + f" {sum(sides.values()) / max(clock.seconds, 1e-9):.2f}"
+        + f" {sum(sides.values()) / max(clock.seconds, 1e-9):.2f}; malloc {allocator.in_use()}"
     )
     if profile:
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)

@@ -318,9 +318,15 @@ class TestMalloc:
         async with run_proxy(config) as (url, registry, app):
             shards = shard_pids(app[TAPS].process.pid)
             assert len(shards) == 2
+            ours = os.environ.get("LD_PRELOAD")
             for pid in shards:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                assert not any(v.startswith(b"LD_PRELOAD=") for v in environ)
+                preload = [
+                    v[len(b"LD_PRELOAD=") :].decode()
+                    for v in environ
+                    if v.startswith(b"LD_PRELOAD=")
+                ]
+                assert preload == ([ours] if ours else [])  # as the serving process has it
             await wait_for(
                 lambda: sample(registry, "shadow_worker_malloc_processes", library="system") == 2
             )
