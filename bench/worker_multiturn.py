@@ -18,7 +18,6 @@ from bench.procfs import cpu_seconds
 from bench.scrape import counter, listing, metrics, worker_pids
 from bench.services import MODEL_NAME, Frontend, start_proxy
 from bench.worker_scaling import published
-from shadow_proxy import allocator
 from shadow_proxy.devtools.conversations import answer_text
 from shadow_proxy.devtools.loadgen import make_prompt
 
@@ -135,6 +134,8 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
     frontend = await start_frontend()
     cases = {"incremental": {}, "full re-encode": {"tokenizer_cache_bytes": 0}}
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
+    #: The allocators the worker's shards said they ran on, over every case and round.
+    mallocs: set[str] = set()
     try:
         for rnd in range(args.rounds):
             if new_each_round and rnd:
@@ -188,6 +189,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                 run["tokens_encoded_fraction"] = (
                     encoded / (encoded + reused) if encoded + reused else None
                 )
+                mallocs |= _mallocs(text)
                 runs[case].append(run)
                 print(f"[multiturn] round {rnd + 1} {case}: {run}", flush=True)
     finally:
@@ -234,7 +236,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         ("prompt-token mismatches == 0", inc["mismatches"] + full["mismatches"], 0, False),
     ]
     label = frontend.label + (", a new one each round" if new_each_round else "")
-    label += f"; the worker's malloc: {allocator.choose(args.worker_malloc or allocator.AUTO)}"
+    label += f"; the worker's shards on {' and '.join(sorted(mallocs)) or 'an unreported malloc'}"
     return {
         "regime": "multiturn",
         "frontend": label,
@@ -248,6 +250,17 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         "ratios_per_round": per_round,
         "targets": targets,
     }
+
+
+def _mallocs(text: str) -> set[str]:
+    """The allocators ``shadow_worker_malloc_processes`` counts shards on."""
+    found = set()
+    for line in text.splitlines():
+        if line.startswith('shadow_worker_malloc_processes{library="'):
+            head, _, value = line.rpartition(" ")
+            if float(value) > 0:
+                found.add(head.split('"')[1])
+    return found
 
 
 def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:

@@ -90,7 +90,9 @@ class Taps:
         self._malloc = allocator.choose(config.worker.malloc)
         if self._malloc != allocator.SYSTEM:
             log.info(
-                "the tap worker runs on %s (worker.malloc: %s)", self._malloc, config.worker.malloc
+                "the tap worker's processes preload %s (worker.malloc: %s)",
+                self._malloc,
+                config.worker.malloc,
             )
         #: What the current worker said when ready, and its latest counters.
         self._taps: tuple[control.TapInfo, ...] = ()

@@ -325,14 +325,25 @@ class TestTheContainer:
     async def test_the_worker_runs_on_jemalloc(self, proxy: Proxy, podman: Podman) -> None:
         """The image ships libjemalloc2, and ``worker.malloc: auto`` preloads it in the
         worker's processes (not in the serving process, pid 1)."""
-        assert await proxy.sample("shadow_worker_malloc_processes", library="libjemalloc.so.2") == 2
+
+        async def both_shards() -> bool:
+            library = "libjemalloc.so.2"
+            return await proxy.sample("shadow_worker_malloc_processes", library=library) == 2
+
+        # The shards' gauges reach /metrics with the worker's next snapshot (each second).
+        await wait_until(both_shards, 10, what="2 shards on libjemalloc.so.2 in /metrics")
+        assert "serve" in podman("exec", proxy.name, "cat", "/proc/1/cmdline").stdout
         maps = podman("exec", proxy.name, "cat", "/proc/1/maps").stdout
         assert "libjemalloc" not in maps
 
     async def test_created_samples_are_times_not_sums(self, proxy: Proxy) -> None:
         """Issue 29 item 6: with two shards, ``*_created`` read twice the clock."""
+
+        async def two_shards() -> bool:
+            return await proxy.sample("shadow_worker_processes") == 2
+
+        await wait_until(two_shards, 10, what="2 shards in /metrics")
         text = await proxy.metrics()
-        assert await proxy.sample("shadow_worker_processes") == 2
         created = [float(v) for v in re.findall(r"(?m)^shadow_\w+_created(?:\{.*\})? (\S+)$", text)]
         assert created, "no _created sample"
         now = time.time()
