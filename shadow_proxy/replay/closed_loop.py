@@ -256,19 +256,24 @@ class ClosedLoop:
                 body = {**built.body, "prompt": spliced}
                 request = attrs.evolve(built, body=body, prompt_tokens=len(spliced))
         now = self._clock()
-        if thread.fallback is None:
-            due = (turn.after_ns or now) + turn.think_ns
-        elif self._speed is None or thread.first_sent_ns is None:
-            due = now
-        else:
-            offset = _arrival(turn.envelope) - (thread.first_arrival or _arrival(turn.envelope))
-            due = thread.first_sent_ns + int(offset / self._speed)
+        due = self.due_ns(thread, turn, now)
         if due > now:
             await asyncio.sleep((due - now) / 1e9)
         if thread.fallback is None and turn.after_ns is not None:
             waited = self._clock() - turn.after_ns
             self.tally.think_error((waited - turn.think_ns) / 1e6)
         await self._send(turn.record, request)
+
+    def due_ns(self, thread: _Thread, turn: _Turn, now: int) -> int:
+        """When a later turn goes out: its think time after the candidate's
+        previous answer ended; open-loop, its recorded offset from the
+        conversation's first turn as sent (over ``--speed``), or now."""
+        if thread.fallback is None:
+            return (turn.after_ns or now) + turn.think_ns
+        if self._speed is None or thread.first_sent_ns is None:
+            return now
+        offset = _arrival(turn.envelope) - (thread.first_arrival or _arrival(turn.envelope))
+        return thread.first_sent_ns + int(offset / self._speed)
 
     def _splice(self, thread: _Thread, turn: _Turn) -> list[int] | str:
         """The turn's prompt with the candidate's answers, or why not."""

@@ -121,7 +121,9 @@ class TestBounds:
                 slowest = max(slowest, time.perf_counter() - started_at)
                 assert direct.publisher.in_flight <= capacity
                 assert len(direct.queue.items) <= capacity
-            assert slowest < 0.05, f"offer+pump took {slowest * 1000:.1f} ms"
+            # Never waits on the server: a pump that did would sit out one of the
+            # link's timeouts (2 s and up); the margin below is for a loaded host.
+            assert slowest < 0.5, f"offer+pump took {slowest * 1000:.1f} ms"
             assert direct.publisher.in_flight == capacity
             assert direct.queue.dropped["full"] == 100 - 2 * capacity
             # Past the ack timeout the window is sent again (to a server that

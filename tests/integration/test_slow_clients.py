@@ -60,7 +60,7 @@ class TestBodyTimeout:
             finally:
                 assert proxy.stop() == 0
         assert head.startswith(b"HTTP/1.1 408"), head
-        assert 2.0 <= elapsed < 3.5, elapsed
+        assert 2.0 <= elapsed < 6.0, elapsed  # at the body timeout, not the reader's 10 s
         assert sample(metrics, "shadow_proxy_body_timeouts_total") == 1
         assert sample(metrics, "shadow_proxy_requests_total", route="chat", status_class="4xx") == 1
         assert frontend.requests == []

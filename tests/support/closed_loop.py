@@ -46,9 +46,11 @@ class Candidate:
             event = {"id": "c", "choices": [{"index": 0, "text": chunk}]}
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
         done = {"id": "c", "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
-        await response.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
+        # Stamped before the last event is written: the client cannot see the
+        # answer end before ``ended``, so a later turn's gap is never short.
         entry["ended"] = time.monotonic_ns()
         entry["answer"] = text
+        await response.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
         await response.write_eof()
         return response
 

@@ -13,6 +13,9 @@ import attrs
 import pytest
 
 from shadow_proxy.exchange import Route
+from shadow_proxy.replay.closed_loop import ClosedLoop, _Thread, _Turn
+from shadow_proxy.replay.conversations import Conversation
+from shadow_proxy.replay.request import Skip
 from shadow_proxy.replay.runner import Replay, ReplayOptions
 from shadow_proxy.worker.request.preprocess import Preprocessor
 from shadow_proxy.worker.request.tokenizer import load_model
@@ -102,6 +105,10 @@ async def feed(records: list[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         yield record
 
 
+def pair_lines(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+
+
 def options(out: Path, url: str, model_dirs: dict[str, Path], **kwargs: Any) -> ReplayOptions:
     return ReplayOptions(
         candidate=url,
@@ -137,9 +144,13 @@ class TestClosedLoop:
             for k, entry in enumerate(sent):
                 answers = [earlier["answer"] for earlier in sent[:k]]
                 assert entry["prompt"] == prompt(preprocessor, messages(c, answers)).token_ids
-                if k:
+                if k:  # never early; how late is the scheduler's (TestDue plans it)
                     gap = (entry["came"] - sent[k - 1]["ended"]) / 1e9
-                    assert think - 0.1 <= gap <= think + 0.1, (c, k, gap)
+                    assert gap >= think - 0.001, (c, k, gap)
+        for line in pair_lines(tmp_path):
+            if line["turn"]:
+                think = THINK_S[int(line["request_id"][1])] * 1e3  # "c{c}-t{k}"
+                assert line["think_ms"] == think and line["waited_ms"] >= think - 0.001, line
         closed = summary["closed_loop"]
         assert closed["records"] == {
             "grouped_by_session": 0,
@@ -170,6 +181,29 @@ class TestClosedLoop:
     def test_needs_a_tokenizer(self, tmp_path):
         with pytest.raises(ValueError, match="needs '--tokenizer'"):
             Replay(ReplayOptions(candidate="http://x", out_dir=tmp_path, closed_loop=True), "t")
+
+
+class TestDue:
+    """When a later turn goes out, planned on times the test sets (the wall
+    clock's lateness under load is the scheduler's, not the plan's)."""
+
+    @staticmethod
+    def plan(*, speed=None, fallback=None, after_ns=None, now=5_000):
+        async def send(record: Any, request: Any) -> None:
+            raise AssertionError("planning sends nothing")
+
+        loop = ClosedLoop(lambda e: Skip("x"), send, lambda t: [], speed, clock=lambda: now)
+        later = {"arrival_unix_ns": 1_000_800}  # 800 ns after the first turn arrived
+        thread = _Thread(fallback=fallback, first_sent_ns=2_000, first_arrival=1_000_000)
+        turn = _Turn(later, later, Conversation(0), 1, think_ns=300, after_ns=after_ns)
+        return loop.due_ns(thread, turn, now)
+
+    def test_think_after_the_candidates_answer(self):
+        assert self.plan(after_ns=4_000) == 4_300
+
+    def test_open_loop_keeps_the_recorded_offset_over_speed(self):
+        assert self.plan(fallback="answers", speed=2.0, after_ns=4_000) == 2_000 + 400
+        assert self.plan(fallback="answers", after_ns=4_000) == 5_000
 
 
 CALL = {
