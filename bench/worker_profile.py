@@ -15,6 +15,7 @@ jemalloc preloaded when the machine has it)::
     .venv/bin/python -m bench.worker_profile --conversations 4 --answer-tokens 200
     .venv/bin/python -m bench.worker_profile --history synthetic --sort none
     .venv/bin/python -m bench.worker_profile --sort none --malloc system   # glibc's malloc
+    .venv/bin/python -m bench.worker_profile --sort none --answer-text words  # English answers
 """
 
 from __future__ import annotations
@@ -146,6 +147,13 @@ def main() -> None:
         default="long",
         help="as the multiturn regime's",
     )
+    parser.add_argument(
+        "--answer-text",
+        choices=("random", "words"),
+        default="random",
+        help="random: random token ids, as Dynamo's mocker streams; words: the bench's "
+        "reply (English words) as ids, a token an event (what a model's answer looks like)",
+    )
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--side", choices=("all", "request", "chunks", "end"), default="all")
     parser.add_argument("--sort", default="tottime", choices=("tottime", "cumulative", "none"))
@@ -185,7 +193,10 @@ def main() -> None:
             history.append({"role": "user", "content": user})
             synthetic = args.history == "synthetic"
             tokens = args.answer_tokens or (8 if synthetic else len(reply.split()))
-            ids = [rng.randrange(1000, vocab - 1000) for _ in range(tokens)]
+            if args.answer_text == "words":
+                ids = tokenizer.encode(reply, add_special_tokens=False).ids[:tokens]
+            else:
+                ids = [rng.randrange(1000, vocab - 1000) for _ in range(tokens)]
             pieces = [tokenizer.decode([i]) for i in ids]
             events += len(pieces) + 2
             body = {
@@ -220,7 +231,8 @@ def main() -> None:
     requests = len(exchanges)
     per = {k: 1000 * v / requests for k, v in sides.items()}
     print(
-        f"{requests} requests; CPU per request (ms{', profiled' if profile else ''}): "
+        f"{requests} requests, {args.answer_text} answers; CPU per request"
+        + f" (ms{', profiled' if profile else ''}): "
         + ", ".join(f"{k} {v:.2f}" for k, v in per.items())
         + f"; chunks per event {1e6 * sides['chunks'] / events:.2f} µs"
         + f" ({events / requests:.0f} events per request);"
