@@ -234,10 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--answers",
-        choices=("synthetic", "frontend"),
+        choices=("synthetic", "frontend", "words"),
         default="synthetic",
         help="multiturn: resend the bench's answers (8 tokens asked "
-        "for), or ask for as many and resend the frontend's",
+        "for), or ask for as many and resend the frontend's (random token ids from "
+        "Dynamo's mocker), or (words, Dynamo only) have the mocker stream the bench's "
+        "English answer (from an output-replay trace) and resend that",
     )
     parser.add_argument(
         "--dynamo-tokenizer-cache",

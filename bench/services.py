@@ -78,9 +78,11 @@ class Frontend:
         speedup: float,
         cpus: str | None,
         dynamo_env: dict[str, str] | None = None,
+        mocker_args: tuple[str, ...] = (),
     ) -> Frontend:
         """Start the built-in frontend or Dynamo (``dynamo_env``: its frontend's extra
-        environment); returns once it answers."""
+        environment; ``mocker_args``: its mocker's extra arguments); returns once it
+        answers."""
         self = cls(kind)
         if kind == "builtin":
             port = reserve_port()
@@ -116,7 +118,12 @@ class Frontend:
             )
         else:
             self._dynamo = await start_dynamo(
-                MODEL_DIR, MODEL_NAME, scratch / "dynamo", speedup, extra_frontend_env=dynamo_env
+                MODEL_DIR,
+                MODEL_NAME,
+                scratch / "dynamo",
+                speedup,
+                extra_frontend_env=dynamo_env,
+                extra_mocker_args=mocker_args,
             )
             self.url = self._dynamo.base_url
             self.pids = {"frontend": self._dynamo.frontend.pid, "engine": self._dynamo.mocker.pid}

@@ -6,6 +6,7 @@ incremental tokenization against a full re-encode and the frontend's own (see
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
 from pathlib import Path
@@ -16,7 +17,7 @@ import attrs
 
 from bench.procfs import cpu_seconds
 from bench.scrape import counter, listing, metrics, worker_pids
-from bench.services import MODEL_NAME, Frontend, start_proxy
+from bench.services import MODEL_DIR, MODEL_NAME, Frontend, start_proxy
 from bench.worker_scaling import published
 from shadow_proxy.devtools.conversations import answer_text
 from shadow_proxy.devtools.loadgen import make_prompt
@@ -69,13 +70,28 @@ def conversations(n: int, seed: int, tag: str = "", size: Size = SIZES["long"]) 
     return out
 
 
+#: What each ``--answers`` streams and resends, as the report's heading says it.
+ANSWERS = {
+    "synthetic": "8 tokens asked for, the bench's own text resent",
+    "frontend": "the frontend's (random ids: the mocker, or a random-weight model), resent",
+    "words": "the bench's English replies, streamed by the mocker (output replay), resent",
+}
+
+
 async def _converse(
-    url: str, talks: list[Talk], concurrency: int, answers: str = "synthetic"
+    url: str,
+    talks: list[Talk],
+    concurrency: int,
+    answers: str = "synthetic",
+    scripted: dict[str, str] | None = None,
+    round_tag: str = "",
 ) -> int:
     """Each conversation turn by turn, ``concurrency`` conversations at a time.
     ``answers``: ``synthetic`` resends the bench's own answer text (8 tokens
     asked for); ``frontend`` asks for as many tokens and resends what the
-    frontend streamed, as agents do."""
+    frontend streamed, as agents do; ``words`` the same, each request naming
+    its answer in the mocker's output-replay trace (``scripted``: key -> the
+    text it must stream; ``answer_key``)."""
     sem = asyncio.Semaphore(concurrency)
     sent = 0
 
@@ -86,26 +102,71 @@ async def _converse(
         headers = {"x-dynamo-session-id": f"conv-{index}"}
         messages: list[dict[str, Any]] = [{"role": "system", "content": conversation.system}]
         async with sem, aiohttp.ClientSession() as session:
-            for user, reply in conversation.turns:
+            for turn, (user, reply) in enumerate(conversation.turns):
                 messages.append({"role": "user", "content": user})
-                real = answers == "frontend"
-                body = {
+                real = answers != "synthetic"
+                body: dict[str, Any] = {
                     "model": MODEL_NAME,
                     "messages": messages,
                     "max_tokens": len(reply.split()) if real else 8,
                     "stream": True,
                     "stream_options": {"include_usage": True},
                 }
+                key = answer_key(round_tag, index, turn)
+                if scripted is not None:
+                    body["nvext"] = {"annotations": [f"output_replay_id:{key}"]}
                 async with session.post(
                     url + "/v1/chat/completions", json=body, headers=headers
                 ) as r:
                     raw = await r.read()
                     sent += r.status == 200
                 answer = answer_text(raw) if real else reply
+                if scripted is not None and r.status == 200 and answer != scripted[key]:
+                    raise SystemExit(
+                        f"multiturn: the mocker did not stream answer {key} as scripted "
+                        "(its output-replay trace unread?); no figures"
+                    )
                 messages.append({"role": "assistant", "content": answer})
 
     await asyncio.gather(*(talk(i, t) for i, t in enumerate(talks)))
     return sent
+
+
+def answer_key(round_tag: str, conversation: int, turn: int) -> str:
+    """A turn's answer in the mocker's output-replay trace (``--answers words``)."""
+    return f"{round_tag}c{conversation}-t{turn}"
+
+
+def scripted_answers(
+    rounds: int, n: int, size: Size, trace: Path
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The mocker's output-replay trace for ``--answers words``: each turn's answer
+    the bench's own reply, as many of its token ids as the request asks for
+    (``max_tokens``: its word count), keyed by ``answer_key``. Returns what each
+    answer streams as text, and the mocker's arguments that read the trace."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+    texts: dict[str, str] = {}
+    with trace.open("w") as out:
+        for rnd in range(rounds):
+            # The replies do not depend on the tag: both cases of a round share them.
+            for c, talk in enumerate(conversations(n, seed=100 * rnd, size=size)):
+                for turn, (_user, reply) in enumerate(talk.turns):
+                    ids = tokenizer.encode(reply, add_special_tokens=False).ids
+                    ids = ids[: len(reply.split())]
+                    key = answer_key(f"r{rnd}-", c, turn)
+                    texts[key] = tokenizer.decode(ids)
+                    line = {
+                        "timestamp": 0,
+                        "input_length": 1,
+                        "output_length": len(ids),
+                        "hash_ids": [0],
+                        "request_id": key,
+                        "output_token_ids": ids,
+                    }
+                    out.write(json.dumps(line) + "\n")
+    return texts, ("--response-replay-trace-path", str(trace))
 
 
 async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
@@ -117,6 +178,12 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         )
     size = SIZES[size_name]
     env = {"DYN_TOKENIZER_CACHE": "0"} if args.dynamo_tokenizer_cache == "off" else None
+    scripted, mocker_args = None, ()
+    if args.answers == "words":
+        if kind != "dynamo":
+            raise SystemExit("multiturn: --answers words needs Dynamo's mocker (--frontend dynamo)")
+        scratch.mkdir(parents=True, exist_ok=True)
+        scripted, mocker_args = scripted_answers(args.rounds, n, size, scratch / "answers.jsonl")
 
     async def start_frontend(rnd: int = 0) -> Frontend:
         # Each frontend its own directory: Dynamo's file discovery must not see
@@ -124,7 +191,13 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
         home = scratch / f"frontend-{rnd}" if rnd else scratch
         home.mkdir(parents=True, exist_ok=True)
         return await Frontend.start(
-            kind, home, pace=None, speedup=1000.0, cpus=None, dynamo_env=env
+            kind,
+            home,
+            pace=None,
+            speedup=1000.0,
+            cpus=None,
+            dynamo_env=env,
+            mocker_args=mocker_args,
         )
 
     # One frontend for the run, or (--new-frontend-each-round) a new one for each
@@ -165,7 +238,9 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
                     }
                     start = {t["name"]: t["next_seq"] for t in listing(url)}
                     before = _cpu(pids)
-                    sent = await _converse(url, talks, args.concurrency or 8, args.answers)
+                    sent = await _converse(
+                        url, talks, args.concurrency or 8, args.answers, scripted, f"r{rnd}-"
+                    )
                     if not sent:  # no CPU per request, so no ratio: say so, judge nothing
                         raise SystemExit(
                             f"multiturn: round {rnd + 1} ({case}): the frontend answered no "
@@ -237,6 +312,7 @@ async def multiturn(kind: str, args, scratch: Path) -> dict[str, Any]:
     ]
     label = frontend.label + (", a new one each round" if new_each_round else "")
     label += f"; the worker's shards on {' and '.join(sorted(mallocs)) or 'an unreported malloc'}"
+    label += "; answers: " + ANSWERS[args.answers]
     return {
         "regime": "multiturn",
         "frontend": label,
