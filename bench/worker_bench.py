@@ -12,7 +12,9 @@
   request (run it with ``--frontend dynamo``). Each turn resends the bench's
   own answer text (8 tokens asked for), or with ``--answers frontend`` asks for
   that many tokens and resends what the frontend streamed, as agents do (the
-  worker then finds each answer's ids from its record). Targets: <= 0.3x the
+  worker then finds each answer's ids from its record); ``--answers words``
+  does the same with Dynamo's mocker streaming the bench's English replies
+  (an output-replay trace) instead of random token ids. Targets: <= 0.3x the
   full re-encode, <= 0.6x the frontend (issue 34); the prompt-token mismatch
   metric stays 0. A ratio is judged on its rounds (``verdict``: a one-sided sign
   test at 5%, so 5 of 5 rounds, 7 of 8, ...): rounds on both sides of the bound
