@@ -27,7 +27,7 @@ from tests.integration.workers import (
     tap,
     tap_counters,
 )
-from tests.support.libraries import glibc_malloc_debug
+from tests.support.libraries import glibc_malloc_debug, mapped_files
 from tests.support.servers import proxy_config, run_proxy, serve
 
 pytestmark = pytest.mark.timeout(240)
@@ -283,12 +283,7 @@ class TestOomOrder:
 
 def mapped(pid: int | str) -> set[str]:
     """The file names of the libraries mapped in a process."""
-    names = set()
-    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6:
-            names.add(os.path.basename(fields[5]))
-    return names
+    return {os.path.basename(path) for path in mapped_files(pid)}
 
 
 class TestMalloc:

@@ -366,9 +366,9 @@ class Pool:
         idle = [s for s in running if s.info is not None and s.info.policy == Priority.IDLE]
         self.metrics.idle.set(len(idle))
         by_malloc = collections.Counter(s.info.malloc for s in running if s.info is not None)
-        for library in set(self.metrics.seen_mallocs) | set(by_malloc):
-            self.metrics.malloc.labels(library).set(by_malloc[library])
         self.metrics.seen_mallocs.update(by_malloc)
+        for library in self.metrics.seen_mallocs:
+            self.metrics.malloc.labels(library).set(by_malloc[library])
 
     def stop(self, deadline_s: float) -> int:
         """Tell every shard to finish what it was sent and its open requests (as
