@@ -817,7 +817,7 @@ class TestWorkerKilled:
             lost = final.next_seq - len(got)
             assert lost > 0
             # Sent on the socket (a transport sequence taken: the checkpoint notes each
-            # send as it happens) but not received: still in ZeroMQ's queue when the
+            # send before it is made) but not received: still in ZeroMQ's queue when the
             # process died. The consumer sees those as a transport gap; the proxy counts
             # the rest, exactly, as worker_died (never a record both delivered and lost).
             last = final.last_transport_sequence

@@ -286,9 +286,9 @@ class Publishing:
             self._file = None
 
     def _sent(self, tap: int) -> None:
-        """A record of ``tap`` left its queue (sent, failed or late): noted in the
-        checkpoint's progress at once, not at the batch's end (a kill between the
-        two would count a delivered record as lost)."""
+        """``tap``'s counters changed (a record about to be sent, failed or late):
+        noted in the checkpoint's progress at once, not at the batch's end (a kill
+        between the two would count a delivered record as lost)."""
         if self._file is not None:
             queue = self.queues[tap]
             publisher = self.publishers[tap]

@@ -48,8 +48,9 @@ class Publisher:
         on_sent: Callable[[], None] | None = None,
     ):
         """Bind the tap's socket; with ``keys`` as a CURVE server (``curve.py``).
-        ``on_sent`` is called each time a record has left the queue (sent, failed
-        or dropped late), after the counters say so."""
+        ``on_sent`` is called each time the counters change, after they do: a
+        record about to be sent (counted first, taken back if the send fails),
+        failed, or dropped late."""
         config = queue.config
         self.queue = queue
         #: The tap's lag histogram child, the late bound and the late counter child.
@@ -98,11 +99,23 @@ class Publisher:
                 time.time_ns() // 1_000_000,
                 items[0],
             )
+            # Counted sent before the send: a kill between a send and its note
+            # would make a delivered record a lost one. Noted first, a kill
+            # before the send leaves a record noted and never sent, which a
+            # consumer sees as a gap below the announced last transport sequence.
+            self.next_transport_sequence += 1
+            queue.published += 1
+            if on_sent is not None:
+                on_sent()
             try:
                 socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return True
             except zmq.ZMQError as e:
+                self.next_transport_sequence -= 1
+                queue.published -= 1
+                if isinstance(e, zmq.Again):
+                    if on_sent is not None:
+                        on_sent()
+                    return True
                 queue.popleft()
                 queue.publish_errors += 1
                 log.warning("tap %s: publish failed: %s", queue.name, e.strerror)
@@ -110,10 +123,6 @@ class Publisher:
                     on_sent()
                 continue
             queue.popleft()
-            self.next_transport_sequence += 1
-            queue.published += 1
-            if on_sent is not None:
-                on_sent()
             if lag is not None and ready:
                 lag.observe((now - ready) / 1e9)
         return False

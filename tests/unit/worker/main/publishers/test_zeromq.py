@@ -105,6 +105,31 @@ class TestPublishing:
             publisher.close()
 
 
+class TestNotedBeforeSent:
+    """A record counted sent before its send (``test_publishing.TestProgress``) is
+    taken back when the send would block: the counts say what went out."""
+
+    def test_a_blocked_send_is_taken_back(self, context: zmq.Context) -> None:
+        publisher = make_publisher(context, capacity=2)
+        notes: list[tuple[int, int]] = []
+        publisher.on_sent = lambda: notes.append(
+            (publisher.queue.published, publisher.next_transport_sequence)
+        )
+        sub = subscriber(context, publisher, rcvhwm=1)
+        try:
+            offered = 0
+            while not publisher.pump():  # until a send would block
+                assert offered < 2000, "the pipe never filled"
+                publisher.queue.offer(b"x" * (256 * 1024))
+                offered += 1
+            published = publisher.queue.published
+            assert notes[-1] == (published, published)  # the blocked one taken back
+            assert notes[-2] == (published + 1, published + 1)
+        finally:
+            sub.close(linger=0)
+            publisher.close()
+
+
 class TestFullSubscriber:
     """A subscriber that does not read fills its pipe: the send fails, the record
     stays queued, and nothing is lost inside ZeroMQ."""
